@@ -1,0 +1,209 @@
+"""The reward plane: weighted reward functions of four kinds and an elastic replica pool."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from .base import FieldRuleError, Model, cel, cel_rules
+from .placement import Placement
+from .pools import Engine, SamplingSpec
+
+RewardKind = Literal["rule", "remote", "disrm", "genrm"]
+FUNCTION_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+class RuleReward(Model):
+    """A Python function addressed by module path, e.g. ``my_rewards.math:exact_match``.
+
+    It is called as ``fn(prompt=..., completion=..., **fields)`` and returns a float; it
+    may be async, and it may take a ``judge`` argument: a client of the job's reward-model pool.
+    """
+
+    function: str = Field(description="`module.path:function` of the reward function.", max_length=512)
+
+    @field_validator("function")
+    @classmethod
+    def _check_ref(cls, value: str) -> str:
+        if not FUNCTION_REF.match(value):
+            raise ValueError(f"{value!r} is not of the form module.path:function")
+        return value
+
+
+class SecretKeyRef(Model):
+    """A key of a Kubernetes Secret in the job's namespace."""
+
+    name: str = Field(description="Secret name.", min_length=1, max_length=253)
+    key: str = Field(description="Key inside the Secret.", min_length=1, max_length=253)
+
+
+class RemoteReward(Model):
+    """External RewardService endpoints (any language), called over gRPC."""
+
+    endpoints: list[str] = Field(description="host:port of each endpoint.", min_length=1, max_length=64)
+    tls: bool = Field(False, description="Use TLS.")
+    ca_file: str | None = Field(None, description="CA bundle to verify the endpoint with (TLS only).", max_length=4096)
+    token_secret: SecretKeyRef | None = Field(None, description="Secret holding a bearer token, mounted into the pods.")
+    token_file: str | None = Field(
+        None,
+        description="File holding a bearer token (locally, or a mounted path).",
+        max_length=4096,
+    )
+    failure_threshold: int = Field(5, description="Consecutive failures that open an endpoint's circuit breaker.", ge=1)
+    reset_seconds: float = Field(30.0, description="Seconds an open breaker waits before a trial call.", gt=0)
+
+    @field_validator("endpoints")
+    @classmethod
+    def _check_endpoints(cls, value: list[str]) -> list[str]:
+        for i, endpoint in enumerate(value):
+            host, _, port = endpoint.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise FieldRuleError(f"[{i}]", f"{endpoint!r} is not host:port")
+        return value
+
+    @model_validator(mode="after")
+    def _one_token_source(self) -> RemoteReward:
+        if self.token_secret and self.token_file:
+            raise FieldRuleError("tokenFile", "set tokenSecret or tokenFile, not both")
+        return self
+
+
+class DisRMReward(Model):
+    """A sequence-classification reward model served with dynamic batching."""
+
+    model_path: str = Field(description="Directory of a transformers sequence-classification model.", max_length=4096)
+    batch_size: int = Field(32, description="Most samples per forward pass.", ge=1, le=4096)
+    max_wait_ms: float = Field(20.0, description="Longest a request waits for its batch to fill.", ge=0)
+    max_length: int = Field(2048, description="Tokens kept of prompt plus completion.", ge=1)
+
+
+class GenRMReward(Model):
+    """A generative judge: an LLM asked to grade, its answer parsed into a score."""
+
+    model_path: str = Field(description="Directory of the judge model.", max_length=4096)
+    engine: Engine = Field("hf", description="Engine serving the judge.")
+    prompt_template: str = Field(
+        description="Judge prompt; {prompt}, {completion} and data fields in braces are filled in.",
+        max_length=65536,
+    )
+    score_parser: Literal["number", "yes-no", "regex"] = Field(
+        "number", description="How the judge's answer becomes a score."
+    )
+    score_pattern: str | None = Field(
+        None, description="With scoreParser regex: its first group is the score.", max_length=1024
+    )
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Judge sampling.")
+
+    @model_validator(mode="after")
+    def _pattern_for_regex(self) -> GenRMReward:
+        if self.score_parser == "regex" and not self.score_pattern:
+            raise FieldRuleError("scorePattern", "is required when scoreParser is regex")
+        return self
+
+
+class RewardFunction(Model):
+    """One weighted reward; the sample's reward is the weighted sum over functions."""
+
+    name: str = Field(
+        description="Name, unique in the job (metrics and errors use it).",
+        pattern=NAME,
+        max_length=63,
+    )
+    kind: RewardKind = Field(description="rule, remote, disrm or genrm; the field of that name configures it.")
+    weight: float = Field(1.0, description="Weight of this function in the sum.")
+    rule: RuleReward | None = Field(None, description="Configuration when kind is rule.")
+    remote: RemoteReward | None = Field(None, description="Configuration when kind is remote.")
+    disrm: DisRMReward | None = Field(None, description="Configuration when kind is disrm.")
+    genrm: GenRMReward | None = Field(None, description="Configuration when kind is genrm.")
+
+    @model_validator(mode="after")
+    def _config_matches_kind(self) -> RewardFunction:
+        for kind in ("rule", "remote", "disrm", "genrm"):
+            if kind == self.kind and getattr(self, kind) is None:
+                raise FieldRuleError(kind, f"is required when kind is {kind}")
+            if kind != self.kind and getattr(self, kind) is not None:
+                raise FieldRuleError(kind, f"is set but kind is {self.kind}")
+        return self
+
+    model_config = {
+        "json_schema_extra": cel_rules(
+            *(
+                cel(
+                    f"has(self.{k}) == (self.kind == '{k}')",
+                    f"{k} must be set exactly when kind is {k}",
+                )
+                for k in ("rule", "remote", "disrm", "genrm")
+            )
+        )
+    }
+
+
+class ReplicaRange(Model):
+    """Bounds of the elastic reward pool."""
+
+    min: int = Field(1, description="Fewest reward replicas.", ge=0, le=4096)
+    max: int = Field(1, description="Most reward replicas.", ge=1, le=4096)
+
+    @model_validator(mode="after")
+    def _min_le_max(self) -> ReplicaRange:
+        if self.min > self.max:
+            raise ValueError(f"min {self.min} is greater than max {self.max}")
+        return self
+
+    model_config = {
+        "json_schema_extra": cel_rules(
+            cel(
+                "self.min <= self.max",
+                "min must not be greater than max",
+                message_expression="'min ' + string(self.min) + ' is greater than max ' + string(self.max)",
+            )
+        )
+    }
+
+
+class ScalingSpec(Model):
+    """Targets of the elastic reward policy."""
+
+    target_backlog_per_replica: float = Field(
+        16.0, description="Queued plus in-flight samples per replica the policy aims for.", gt=0
+    )
+    cooldown_seconds: float = Field(30.0, description="Least time between two scaling decisions.", ge=0)
+    max_step_up: int = Field(4, description="Most replicas added in one decision.", ge=1)
+    max_step_down: int = Field(1, description="Most replicas removed in one decision.", ge=1)
+    interval_seconds: float = Field(5.0, description="How often the policy runs.", gt=0)
+
+
+class RewardSpec(Placement):
+    """The reward pool and the functions it computes."""
+
+    functions: list[RewardFunction] = Field(
+        description="Reward functions, summed with their weights.", min_length=1, max_length=16
+    )
+    replicas: ReplicaRange = Field(default_factory=ReplicaRange, description="Elastic bounds of the reward pool.")
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec, description="Elastic scaling targets.")
+    gpus_per_replica: int = Field(0, description="GPUs per reward replica (for disrm/genrm).", ge=0, le=64)
+    timeout_seconds: float = Field(60.0, description="Deadline for scoring one sample.", gt=0)
+    retries: int = Field(
+        2,
+        description="Retries of a sample whose scoring failed, before onError applies.",
+        ge=0,
+        le=100,
+    )
+    on_error: Literal["fail", "exclude"] = Field(
+        "fail",
+        description="After retries: fail the job naming the sample, or exclude the sample from training and count it.",
+    )
+    max_in_flight_per_replica: int = Field(64, description="Samples in flight on one reward replica.", ge=1, le=65536)
+
+    @field_validator("functions")
+    @classmethod
+    def _unique_names(cls, value: list[RewardFunction]) -> list[RewardFunction]:
+        seen: set[str] = set()
+        for i, function in enumerate(value):
+            if function.name in seen:
+                raise FieldRuleError(f"[{i}].name", f"duplicate reward function name {function.name!r}")
+            seen.add(function.name)
+        return value

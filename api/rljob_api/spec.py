@@ -1,0 +1,225 @@
+"""The RLJob resource: apiVersion rljob.io/v1alpha1, kind RLJob, short name rlj."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from .base import IMMUTABLE, FieldRuleError, Model, cel, cel_rules
+from .placement import VolumeSource
+from .pools import RolloutSpec, TrainerSpec
+from .reward import RewardSpec
+from .status import RLJobStatus
+
+GROUP = "rljob.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RLJob"
+PLURAL = "rljobs"
+SHORT_NAMES = ["rlj"]
+DEFAULT_IMAGE = "ghcr.io/rljob/rljob-worker:0.1.0"
+
+
+def immutable() -> dict[str, Any]:
+    """CEL transition rule that refuses any change of the field after creation."""
+    return cel_rules(cel("self == oldSelf", IMMUTABLE))
+
+
+class ModelSpec(Model):
+    """The policy to train: a local transformers model directory (or one on a mounted volume)."""
+
+    path: str = Field(
+        description="Directory of a transformers causal LM (config, weights, tokenizer); in the pods if volume is set.",
+        min_length=1,
+        max_length=4096,
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Parameter dtype; auto is bfloat16 on GPU and float32 on CPU."
+    )
+    volume: VolumeSource | None = Field(None, description="Volume holding the model, mounted at volume.mountPath.")
+
+    model_config = ConfigDict(json_schema_extra=immutable())
+
+
+class DataSpec(Model):
+    """Where prompts come from: a JSON-lines file, one prompt per line."""
+
+    path: str = Field(description="JSON-lines file of prompts.", min_length=1, max_length=4096)
+    prompt_field: str = Field(
+        "prompt",
+        description="Field of each line holding the prompt text.",
+        min_length=1,
+        max_length=253,
+    )
+    fields: list[str] = Field(
+        default_factory=list,
+        description="Further fields passed to reward functions (e.g. answer).",
+        max_length=64,
+    )
+    shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by algorithm.seed).")
+    volume: VolumeSource | None = Field(None, description="Volume holding the data.")
+
+    model_config = ConfigDict(json_schema_extra=immutable())
+
+
+class AlgorithmSpec(Model):
+    """The RL algorithm and its hyperparameters."""
+
+    name: Literal["grpo"] = Field("grpo", description="Algorithm; GRPO (group-relative advantages, no critic).")
+    group_size: int = Field(
+        8,
+        description="Samples per prompt; advantages are relative within the group.",
+        ge=2,
+        le=1024,
+    )
+    prompts_per_step: int = Field(32, description="Prompt groups per train step.", ge=1, le=65536)
+    mini_batches: int = Field(1, description="Optimizer steps per train step; must divide promptsPerStep.", ge=1)
+    total_steps: int = Field(100, description="Train steps of the run.", ge=1)
+    learning_rate: float = Field(1e-6, description="Adam learning rate.", gt=0)
+    weight_decay: float = Field(0.0, description="AdamW weight decay.", ge=0)
+    max_grad_norm: float = Field(1.0, description="Gradient clipping norm; 0 disables it.", ge=0)
+    kl_coef: float = Field(
+        0.0,
+        description="Weight of the KL penalty to the reference (initial) policy; 0 keeps no reference.",
+        ge=0,
+    )
+    clip_low: float = Field(0.2, description="Lower clip of the importance ratio: 1 - clipLow.", ge=0, lt=1)
+    clip_high: float = Field(0.2, description="Upper clip of the importance ratio: 1 + clipHigh.", ge=0)
+    max_staleness: int = Field(
+        1,
+        description=(
+            "Most policy versions a trained sample may lag the trainer: "
+            "0 synchronous on-policy, 1 one-step off-policy, k asynchronous."
+        ),
+        ge=0,
+        le=64,
+    )
+    loss_aggregation: Literal["token-mean", "sequence-mean"] = Field(
+        "token-mean",
+        description="Average the loss over all tokens, or per sequence then over sequences.",
+    )
+    scale_rewards_by_std: bool = Field(True, description="Divide group-centred rewards by the group's std.")
+    seed: int = Field(0, description="Seed of data order, sampling and initialisation.", ge=0)
+
+    @model_validator(mode="after")
+    def _mini_batches_divide(self) -> AlgorithmSpec:
+        if self.prompts_per_step % self.mini_batches:
+            raise FieldRuleError(
+                "miniBatches",
+                f"{self.mini_batches} does not divide promptsPerStep {self.prompts_per_step}",
+            )
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "self.promptsPerStep % self.miniBatches == 0",
+                "miniBatches must divide promptsPerStep",
+            ),
+            cel("self == oldSelf", IMMUTABLE),
+        )
+    )
+
+
+class WeightSyncSpec(Model):
+    """How new policy versions reach the rollout pool (the checkpoint engine)."""
+
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="Collective for the bulk broadcast; auto is nccl on GPU, gloo on CPU."
+    )
+    bucket_size_mb: int = Field(256, description="Size of one flat broadcast bucket, in MiB.", ge=1, le=65536)
+    every_steps: int = Field(1, description="Publish a new version to rollout every N train steps.", ge=1)
+    timeout_seconds: float = Field(600.0, description="Deadline of one weight transfer.", gt=0)
+
+    model_config = ConfigDict(json_schema_extra=immutable())
+
+
+class CheckpointSpec(Model):
+    """Trainer checkpoints: model, optimizer, step, data position and policy version."""
+
+    dir: str = Field(
+        "checkpoints",
+        description="Directory of checkpoints (a mounted volume on a cluster).",
+        min_length=1,
+        max_length=4096,
+    )
+    every_steps: int = Field(10, description="Checkpoint every N train steps (and at the end).", ge=1)
+    keep: int = Field(2, description="Checkpoints kept; older ones are deleted.", ge=1)
+    volume: VolumeSource | None = Field(None, description="Volume holding the checkpoints.")
+
+    model_config = ConfigDict(json_schema_extra=immutable())
+
+
+class ObjectMeta(Model):
+    """Kubernetes metadata; only name, namespace, labels and annotations are read."""
+
+    name: str = Field(description="Job name.", pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63)
+    namespace: str = Field("default", description="Namespace.", max_length=63)
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels, copied onto every child object.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations.")
+
+    # The API server adds uid, resourceVersion, managedFields, ...: kept, not validated here.
+    model_config = ConfigDict(extra="allow")
+
+
+class RLJobSpec(Model):
+    """Desired state of an RL post-training job."""
+
+    model: ModelSpec = Field(description="The policy model.")
+    data: DataSpec = Field(description="The prompts.")
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="RL algorithm and hyperparameters.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="The rollout pool.")
+    trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="The trainer pool.")
+    reward: RewardSpec = Field(description="The reward pool and functions.")
+    weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="The checkpoint engine.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    suspend: bool = Field(False, description="Tear the pools down, keeping the checkpoint; false resumes from it.")
+    image: str = Field(
+        DEFAULT_IMAGE,
+        description="Worker image of every pool and the driver.",
+        min_length=1,
+        max_length=1024,
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Image pull policy."
+    )
+    service_account_name: str | None = Field(
+        None,
+        description="Service account of the pods; the operator makes one if unset.",
+        max_length=253,
+    )
+
+    @model_validator(mode="after")
+    def _cross_pool_rules(self) -> RLJobSpec:
+        lag = self.weight_sync.every_steps - 1
+        if lag > self.algorithm.max_staleness:
+            raise FieldRuleError(
+                "weightSync.everySteps",
+                f"{self.weight_sync.every_steps} lets rollout lag {lag} versions, more than "
+                f"algorithm.maxStaleness {self.algorithm.max_staleness}; every sample would be stale",
+            )
+        uses_gpu = self.rollout.gpus_per_replica > 0 or self.trainer.gpus_per_node > 0
+        if self.weight_sync.backend == "nccl" and not uses_gpu:
+            raise FieldRuleError("weightSync.backend", "nccl needs GPUs in the rollout and trainer pools")
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel(
+                "self.weightSync.everySteps - 1 <= self.algorithm.maxStaleness",
+                "weightSync.everySteps - 1 must not exceed algorithm.maxStaleness",
+            ),
+            cel("self.reward.functions == oldSelf.reward.functions", "reward.functions " + IMMUTABLE),
+        )
+    )
+
+
+class RLJob(Model):
+    """An RL post-training job."""
+
+    api_version: Literal["rljob.io/v1alpha1"] = Field("rljob.io/v1alpha1", description="API version.")
+    kind: Literal["RLJob"] = Field("RLJob", description="Kind.")
+    metadata: ObjectMeta = Field(description="Object metadata.")
+    spec: RLJobSpec = Field(description="Desired state.")
+    status: RLJobStatus | None = Field(None, description="Observed state, written by the operator.")

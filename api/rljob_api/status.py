@@ -1,0 +1,77 @@
+"""The observed state of an RLJob, written by the operator (and by `rljob run` locally)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import Model
+
+Phase = Literal["Pending", "Provisioning", "Running", "Suspended", "Succeeded", "Failed"]
+PHASES: tuple[Phase, ...] = (
+    "Pending",
+    "Provisioning",
+    "Running",
+    "Suspended",
+    "Succeeded",
+    "Failed",
+)
+
+
+class Condition(Model):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(description="Condition type: RolloutReady, TrainerReady, RewardReady, Progressing, Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field("", description="CamelCase reason, e.g. InsufficientGPUs.")
+    message: str = Field("", description="Human-readable detail.")
+    last_transition_time: str | None = Field(None, description="RFC 3339 time the status last changed.")
+    observed_generation: int | None = Field(None, description="Generation the condition was computed for.")
+
+
+class PoolReplicas(Model):
+    """Replica counts of one pool."""
+
+    desired: int = Field(0, description="Replicas wanted.")
+    ready: int = Field(0, description="Replicas running and ready.")
+
+
+class PoolsStatus(Model):
+    """Replica counts of every pool."""
+
+    rollout: PoolReplicas = Field(default_factory=PoolReplicas, description="Rollout pool.")
+    trainer: PoolReplicas = Field(default_factory=PoolReplicas, description="Trainer pool.")
+    reward: PoolReplicas = Field(default_factory=PoolReplicas, description="Reward pool.")
+
+
+class RewardStats(Model):
+    """Reward of the last train batch."""
+
+    mean: float | None = Field(None, description="Mean reward.")
+    std: float | None = Field(None, description="Standard deviation.")
+
+
+class StalenessStats(Model):
+    """Policy-version lag of the samples of the last train batch."""
+
+    mean: float | None = Field(None, description="Mean staleness.")
+    max: int | None = Field(None, description="Largest staleness.")
+
+
+class RLJobStatus(Model):
+    """Observed state of an RLJob."""
+
+    phase: Phase | None = Field(None, description="Pending, Provisioning, Running, Suspended, Succeeded or Failed.")
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions, one per type.")
+    observed_generation: int | None = Field(None, description="Spec generation this status reflects.")
+    step: int | None = Field(None, description="Train steps completed.")
+    policy_version: int | None = Field(None, description="Newest policy version published to rollout.")
+    reward: RewardStats | None = Field(None, description="Reward statistics of the last batch.")
+    staleness: StalenessStats | None = Field(None, description="Staleness of the last batch.")
+    samples_per_second: float | None = Field(None, description="Trained samples per second.")
+    pools: PoolsStatus | None = Field(None, description="Desired and ready replicas per pool.")
+    checkpoint: str | None = Field(None, description="Newest checkpoint, kept across suspend.")
+    start_time: str | None = Field(None, description="RFC 3339 time the run started.")
+    completion_time: str | None = Field(None, description="RFC 3339 time the run ended.")
+    message: str | None = Field(None, description="Human-readable summary, the failure when Failed.")

@@ -1,0 +1,152 @@
+"""Each worker's config, derived from the RLJob spec by one function.
+
+The operator writes `WorkerConfigs` into the job's ConfigMap; the local launcher passes it
+to its actors directly. Both call `derive_worker_configs`, so a cluster run and a local
+run of the same file configure their workers identically.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .base import Model
+from .pools import Engine, SamplingSpec
+from .reward import ReplicaRange, RewardFunction, ScalingSpec
+from .spec import AlgorithmSpec, CheckpointSpec, DataSpec, RLJob, WeightSyncSpec
+
+Pool = Literal["rollout", "trainer", "reward"]
+POOLS: tuple[Pool, ...] = ("rollout", "trainer", "reward")
+
+
+def pool_resource(pool: Pool) -> str:
+    """The Ray custom resource that marks a node of a pool; actors of the pool require it."""
+    return f"rljob.io/{pool}"
+
+
+class Ports(Model):
+    """Ports the workers listen on (in their pods; locally each server picks a free one)."""
+
+    control: int = Field(50051, description="Controller's ControlService.")
+    reward: int = Field(50052, description="Reward replicas' RewardService.")
+    rollout: int = Field(50053, description="Rollout replicas' RolloutService.")
+    weights: int = Field(50054, description="Trainer's WeightService and weight-group rendezvous base.")
+    metrics: int = Field(9400, description="Prometheus metrics of the controller.")
+
+
+class RolloutWorkerConfig(Model):
+    """What a rollout replica needs."""
+
+    model_path: str
+    dtype: str
+    engine: Engine
+    gpus: int
+    tensor_parallel_size: int
+    max_concurrent_prompts: int
+    gpu_memory_utilization: float
+    seed: int
+
+
+class RewardWorkerConfig(Model):
+    """What a reward replica needs."""
+
+    functions: list[RewardFunction]
+    timeout_seconds: float
+    max_in_flight: int
+    gpus: int
+
+
+class TrainerWorkerConfig(Model):
+    """What a trainer rank needs."""
+
+    model_path: str
+    dtype: str
+    algorithm: AlgorithmSpec
+    strategy: Literal["ddp", "fsdp"]
+    world_size: int
+    gpus_per_node: int
+    micro_batch_size: int
+    gradient_checkpointing: bool
+    checkpoint: CheckpointSpec
+    weight_sync: WeightSyncSpec
+
+
+class ControllerConfig(Model):
+    """What the controller (the RL loop's driver) needs."""
+
+    job_name: str
+    namespace: str
+    data: DataSpec
+    algorithm: AlgorithmSpec
+    sampling: SamplingSpec
+    rollout_replicas: int
+    reward_replicas: ReplicaRange
+    reward_scaling: ScalingSpec
+    reward_timeout_seconds: float
+    reward_retries: int
+    reward_on_error: Literal["fail", "exclude"]
+    reward_max_in_flight: int
+    weight_sync: WeightSyncSpec
+    checkpoint: CheckpointSpec
+
+
+class WorkerConfigs(Model):
+    """Every worker's config; the ConfigMap's `workers.json`."""
+
+    rollout: RolloutWorkerConfig
+    reward: RewardWorkerConfig
+    trainer: TrainerWorkerConfig
+    controller: ControllerConfig
+    ports: Ports = Field(default_factory=Ports)
+
+
+def derive_worker_configs(job: RLJob) -> WorkerConfigs:
+    """The one mapping from an RLJob spec to its workers' configs."""
+    spec = job.spec
+    return WorkerConfigs(
+        rollout=RolloutWorkerConfig(
+            model_path=spec.model.path,
+            dtype=spec.model.dtype,
+            engine=spec.rollout.engine,
+            gpus=spec.rollout.gpus_per_replica,
+            tensor_parallel_size=spec.rollout.tensor_parallel_size,
+            max_concurrent_prompts=spec.rollout.max_concurrent_prompts,
+            gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
+            seed=spec.algorithm.seed,
+        ),
+        reward=RewardWorkerConfig(
+            functions=spec.reward.functions,
+            timeout_seconds=spec.reward.timeout_seconds,
+            max_in_flight=spec.reward.max_in_flight_per_replica,
+            gpus=spec.reward.gpus_per_replica,
+        ),
+        trainer=TrainerWorkerConfig(
+            model_path=spec.model.path,
+            dtype=spec.model.dtype,
+            algorithm=spec.algorithm,
+            strategy=spec.trainer.strategy,
+            world_size=spec.trainer.world_size,
+            gpus_per_node=spec.trainer.gpus_per_node,
+            micro_batch_size=spec.trainer.micro_batch_size,
+            gradient_checkpointing=spec.trainer.gradient_checkpointing,
+            checkpoint=spec.checkpoint,
+            weight_sync=spec.weight_sync,
+        ),
+        controller=ControllerConfig(
+            job_name=job.metadata.name,
+            namespace=job.metadata.namespace,
+            data=spec.data,
+            algorithm=spec.algorithm,
+            sampling=spec.rollout.sampling,
+            rollout_replicas=spec.rollout.replicas,
+            reward_replicas=spec.reward.replicas,
+            reward_scaling=spec.reward.scaling,
+            reward_timeout_seconds=spec.reward.timeout_seconds,
+            reward_retries=spec.reward.retries,
+            reward_on_error=spec.reward.on_error,
+            reward_max_in_flight=spec.reward.max_in_flight_per_replica,
+            weight_sync=spec.weight_sync,
+            checkpoint=spec.checkpoint,
+        ),
+    )

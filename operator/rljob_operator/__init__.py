@@ -1,0 +1,1 @@
+"""rljob operator: kopf handlers over pure rendering, status and scaling functions. Never imports torch or ray."""

@@ -1,0 +1,121 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RunPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RUN_PHASE_UNSPECIFIED: _ClassVar[RunPhase]
+    RUN_PHASE_STARTING: _ClassVar[RunPhase]
+    RUN_PHASE_RUNNING: _ClassVar[RunPhase]
+    RUN_PHASE_STOPPING: _ClassVar[RunPhase]
+    RUN_PHASE_SUCCEEDED: _ClassVar[RunPhase]
+    RUN_PHASE_FAILED: _ClassVar[RunPhase]
+RUN_PHASE_UNSPECIFIED: RunPhase
+RUN_PHASE_STARTING: RunPhase
+RUN_PHASE_RUNNING: RunPhase
+RUN_PHASE_STOPPING: RunPhase
+RUN_PHASE_SUCCEEDED: RunPhase
+RUN_PHASE_FAILED: RunPhase
+
+class PoolStatus(_message.Message):
+    __slots__ = ("desired", "ready", "drained", "idle_fraction")
+    DESIRED_FIELD_NUMBER: _ClassVar[int]
+    READY_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_FIELD_NUMBER: _ClassVar[int]
+    IDLE_FRACTION_FIELD_NUMBER: _ClassVar[int]
+    desired: int
+    ready: int
+    drained: _containers.RepeatedScalarFieldContainer[str]
+    idle_fraction: float
+    def __init__(self, desired: _Optional[int] = ..., ready: _Optional[int] = ..., drained: _Optional[_Iterable[str]] = ..., idle_fraction: _Optional[float] = ...) -> None: ...
+
+class SampleCounts(_message.Message):
+    __slots__ = ("generated", "scored", "trained", "discarded_stale", "excluded_reward_error", "lost_replica")
+    GENERATED_FIELD_NUMBER: _ClassVar[int]
+    SCORED_FIELD_NUMBER: _ClassVar[int]
+    TRAINED_FIELD_NUMBER: _ClassVar[int]
+    DISCARDED_STALE_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_REWARD_ERROR_FIELD_NUMBER: _ClassVar[int]
+    LOST_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    generated: int
+    scored: int
+    trained: int
+    discarded_stale: int
+    excluded_reward_error: int
+    lost_replica: int
+    def __init__(self, generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., discarded_stale: _Optional[int] = ..., excluded_reward_error: _Optional[int] = ..., lost_replica: _Optional[int] = ...) -> None: ...
+
+class JobStatus(_message.Message):
+    __slots__ = ("phase", "step", "total_steps", "policy_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max", "samples_per_second", "rollout", "trainer", "reward", "samples", "checkpoint", "message", "elapsed_seconds")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
+    REWARD_STD_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_MEAN_FIELD_NUMBER: _ClassVar[int]
+    STALENESS_MAX_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    phase: RunPhase
+    step: int
+    total_steps: int
+    policy_version: int
+    reward_mean: float
+    reward_std: float
+    staleness_mean: float
+    staleness_max: int
+    samples_per_second: float
+    rollout: PoolStatus
+    trainer: PoolStatus
+    reward: PoolStatus
+    samples: SampleCounts
+    checkpoint: str
+    message: str
+    elapsed_seconds: float
+    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., rollout: _Optional[_Union[PoolStatus, _Mapping]] = ..., trainer: _Optional[_Union[PoolStatus, _Mapping]] = ..., reward: _Optional[_Union[PoolStatus, _Mapping]] = ..., samples: _Optional[_Union[SampleCounts, _Mapping]] = ..., checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ...) -> None: ...
+
+class GetJobStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetJobStatusResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: JobStatus
+    def __init__(self, status: _Optional[_Union[JobStatus, _Mapping]] = ...) -> None: ...
+
+class WatchJobStatusRequest(_message.Message):
+    __slots__ = ("interval_seconds",)
+    INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    interval_seconds: float
+    def __init__(self, interval_seconds: _Optional[float] = ...) -> None: ...
+
+class WatchJobStatusResponse(_message.Message):
+    __slots__ = ("status",)
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    status: JobStatus
+    def __init__(self, status: _Optional[_Union[JobStatus, _Mapping]] = ...) -> None: ...
+
+class StopRequest(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class StopResponse(_message.Message):
+    __slots__ = ("accepted",)
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    def __init__(self, accepted: _Optional[bool] = ...) -> None: ...

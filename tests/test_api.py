@@ -1,0 +1,244 @@
+"""The RLJob schema: examples validate, bad specs are refused with the field and rule named."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from conftest import EXAMPLES, REPO
+from pydantic import BaseModel
+from rljob_api import RLJob, RLJobInvalid, derive_worker_configs, load_rljob, parse_rljob
+
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def _set(path: str, value: Any) -> Mutation:
+    def mutate(doc: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node: Any = doc
+        for key in parents:
+            node = node[int(key)] if key.isdigit() else node.setdefault(key, {})
+        node[last] = value
+
+    return mutate
+
+
+def _drop(path: str) -> Mutation:
+    def mutate(doc: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node: Any = doc
+        for key in parents:
+            node = node[int(key)] if key.isdigit() else node[key]
+        del node[last]
+
+    return mutate
+
+
+REMOTE_BAD_ENDPOINT = [{"name": "judge", "kind": "remote", "remote": {"endpoints": ["nohost"]}}]
+DUPLICATE_FUNCTIONS = [
+    {"name": "same", "kind": "rule", "rule": {"function": "m:f"}},
+    {"name": "same", "kind": "rule", "rule": {"function": "m:g"}},
+]
+
+BAD_SPECS: list[tuple[str, Mutation, str]] = [
+    (
+        "min>max",
+        _set("spec.reward.replicas", {"min": 4, "max": 2}),
+        "spec.reward.replicas: min 4 is greater than max 2",
+    ),
+    (
+        "unknown field",
+        _set("spec.rolout", {}),
+        "spec.rolout: unknown field (check its spelling and indentation)",
+    ),
+    (
+        "unknown nested field",
+        _set("spec.algorithm.groupsize", 4),
+        "spec.algorithm.groupsize: unknown field (check its spelling and indentation)",
+    ),
+    (
+        "bad engine",
+        _set("spec.rollout.engine", "tgi"),
+        "spec.rollout.engine: 'tgi' is not one of 'hf', 'vllm' or 'sglang'",
+    ),
+    (
+        "tp does not divide gpus",
+        lambda d: d["spec"]["rollout"].update(gpusPerReplica=3, tensorParallelSize=2, engine="vllm"),
+        "spec.rollout.tensorParallelSize: 2 does not divide gpusPerReplica 3",
+    ),
+    (
+        "vllm on cpu",
+        _set("spec.rollout.engine", "vllm"),
+        "spec.rollout.engine: vllm needs GPUs; set gpusPerReplica ≥ 1 or use engine hf",
+    ),
+    (
+        "kind without config",
+        _drop("spec.reward.functions.0.rule"),
+        "spec.reward.functions[0].rule: is required when kind is rule",
+    ),
+    (
+        "config of other kind",
+        _set("spec.reward.functions.0.remote", {"endpoints": ["a:1"]}),
+        "spec.reward.functions[0].remote: is set but kind is rule",
+    ),
+    (
+        "bad function ref",
+        _set("spec.reward.functions.0.rule.function", "nocolon"),
+        "spec.reward.functions[0].rule.function: 'nocolon' is not of the form module.path:function",
+    ),
+    (
+        "group of one",
+        _set("spec.algorithm.groupSize", 1),
+        "spec.algorithm.groupSize: Input should be greater than or equal to 2",
+    ),
+    (
+        "mini-batches do not divide",
+        _set("spec.algorithm.miniBatches", 3),
+        "spec.algorithm.miniBatches: 3 does not divide promptsPerStep 16",
+    ),
+    (
+        "sync cadence beyond staleness",
+        _set("spec.weightSync.everySteps", 3),
+        "spec.weightSync.everySteps: 3 lets rollout lag 2 versions, more than "
+        "algorithm.maxStaleness 1; every sample would be stale",
+    ),
+    (
+        "duplicate function names",
+        _set("spec.reward.functions", DUPLICATE_FUNCTIONS),
+        "spec.reward.functions[1].name: duplicate reward function name 'same'",
+    ),
+    ("no model", _drop("spec.model"), "spec.model: required field is missing"),
+    (
+        "bad name",
+        _set("metadata.name", "Bad_Name"),
+        "metadata.name: 'Bad_Name' does not match ^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+    ),
+    ("wrong kind", _set("kind", "Job"), "kind: 'Job' is not one of 'RLJob'"),
+    (
+        "greedy sampling",
+        _set("spec.rollout.sampling.temperature", 0),
+        "spec.rollout.sampling.temperature: Input should be greater than 0",
+    ),
+    (
+        "endpoint without port",
+        _set("spec.reward.functions", REMOTE_BAD_ENDPOINT),
+        "spec.reward.functions[0].remote.endpoints[0]: 'nohost' is not host:port",
+    ),
+    (
+        "quantity of wrong type",
+        _set("spec.rollout.resources", {"requests": {"cpu": [1]}}),
+        "spec.rollout.resources.requests.cpu: none of the allowed forms fits: "
+        "Input should be a valid string; Input should be a valid integer",
+    ),
+    (
+        "unknown error policy",
+        _set("spec.reward.onError", "ignore"),
+        "spec.reward.onError: 'ignore' is not one of 'fail' or 'exclude'",
+    ),
+    (
+        "nccl without gpus",
+        _set("spec.weightSync.backend", "nccl"),
+        "spec.weightSync.backend: nccl needs GPUs in the rollout and trainer pools",
+    ),
+    (
+        "regex parser without pattern",
+        _set(
+            "spec.reward.functions",
+            [
+                {
+                    "name": "judge",
+                    "kind": "genrm",
+                    "genrm": {
+                        "modelPath": "/m",
+                        "promptTemplate": "{completion}",
+                        "scoreParser": "regex",
+                    },
+                }
+            ],
+        ),
+        "spec.reward.functions[0].genrm.scorePattern: is required when scoreParser is regex",
+    ),
+]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_validates(example):
+    job = load_rljob(example)
+    assert job.kind == "RLJob"
+
+
+@pytest.mark.parametrize(("case", "mutate", "expected"), BAD_SPECS, ids=[c[0] for c in BAD_SPECS])
+def test_bad_spec_is_refused_naming_field_and_rule(example_doc, case, mutate, expected):
+    doc = copy.deepcopy(example_doc)
+    mutate(doc)
+    with pytest.raises(RLJobInvalid) as info:
+        parse_rljob(doc)
+    assert [str(e) for e in info.value.errors] == [expected]
+
+
+def test_several_errors_are_all_reported(example_doc):
+    doc = copy.deepcopy(example_doc)
+    doc["spec"]["algorithm"]["groupSize"] = 1
+    doc["spec"]["typo"] = True
+    with pytest.raises(RLJobInvalid) as info:
+        parse_rljob(doc)
+    assert {e.field for e in info.value.errors} == {"spec.algorithm.groupSize", "spec.typo"}
+
+
+def test_validate_cli_exit_codes_and_message(tmp_path, example_doc):
+    bad = copy.deepcopy(example_doc)
+    bad["spec"]["reward"]["replicas"] = {"min": 4, "max": 2}
+    path = tmp_path / "bad.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(bad))
+    cli = [sys.executable, "-m", "rljob_workers.cli", "validate"]
+    good = subprocess.run([*cli, str(REPO / "examples" / "arithmetic.yaml")], capture_output=True, text=True)
+    assert good.returncode == 0, good.stderr
+    refused = subprocess.run([*cli, str(path)], capture_output=True, text=True)
+    assert refused.returncode == 1
+    assert "spec.reward.replicas: min 4 is greater than max 2" in refused.stderr
+
+
+def _all_models(model: type[BaseModel], seen: set[type[BaseModel]]) -> None:
+    if model in seen:
+        return
+    seen.add(model)
+    for info in model.model_fields.values():
+        stack = [info.annotation]
+        while stack:
+            annotation = stack.pop()
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                _all_models(annotation, seen)
+            stack.extend(getattr(annotation, "__args__", ()))
+
+
+def test_every_field_is_documented():
+    models: set[type[BaseModel]] = set()
+    _all_models(RLJob, models)
+    undocumented = [
+        f"{m.__name__}.{name}" for m in models for name, info in m.model_fields.items() if not info.description
+    ]
+    assert not undocumented
+
+
+def test_defaults_live_in_the_schema(example_doc):
+    job = parse_rljob(example_doc)
+    assert job.spec.reward.retries == 2
+    assert job.spec.rollout.sampling.top_p == 1.0
+    # Round trip through the wire form loses nothing.
+    assert parse_rljob(job.to_wire()) == job
+
+
+def test_worker_configs_follow_the_spec(example_doc):
+    job = parse_rljob(example_doc)
+    configs = derive_worker_configs(job)
+    assert configs.rollout.model_path == job.spec.model.path == configs.trainer.model_path
+    assert configs.trainer.algorithm == job.spec.algorithm == configs.controller.algorithm
+    assert configs.reward.functions == job.spec.reward.functions
+    assert configs.controller.sampling == job.spec.rollout.sampling
+    assert configs.trainer.world_size == 1

@@ -1,0 +1,1 @@
+"""rljob workers: rollout, reward, trainer, controller, checkpoint engine, local launcher, CLI."""

@@ -1,0 +1,105 @@
+"""The `rljob` command line. Heavy imports (torch, ray) happen inside the subcommands that need them."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from rljob_api import RLJobInvalid, load_rljob
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Validate RLJob files; print every broken rule with its field."""
+    failed = 0
+    for path in args.files:
+        try:
+            job = load_rljob(path)
+        except RLJobInvalid as exc:
+            print(exc, file=sys.stderr)
+            failed += 1
+        except OSError as exc:
+            print(f"{path}: {exc.strerror}", file=sys.stderr)
+            failed += 1
+        else:
+            print(f"{path}: valid RLJob {job.metadata.name!r}")
+    return 1 if failed else 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Regenerate the CRD, its chart copy and the field reference from the schema."""
+    from rljob_api.generate import write_generated
+
+    for path in write_generated(args.root):
+        print(path.relative_to(args.root))
+    return 0
+
+
+def cmd_make_model(args: argparse.Namespace) -> int:
+    """Make the tiny local model and dataset of a built-in task (no download)."""
+    from rljob_workers.models.tiny import make_tiny_model
+
+    out = make_tiny_model(args.out, task=args.task, seed=args.seed)
+    print(f"model ready at {out}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run an RLJob on this machine: all pools local, on Ray."""
+    from rljob_workers.local import run_local
+
+    return run_local(args)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print the status of a running controller (its ControlService)."""
+    from rljob_workers.control_client import print_status
+
+    return print_status(args.address)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rljob", description="LLM reinforcement learning, one RLJob at a time.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        commands[name] = fn
+        p = sub.add_parser(name, help=(fn.__doc__ or "").strip().splitlines()[0])
+        p.set_defaults(fn=fn)
+        return p
+
+    p = add("validate", cmd_validate)
+    p.add_argument("files", nargs="+", type=Path, help="RLJob YAML files")
+
+    p = add("generate", cmd_generate)
+    p.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root")
+
+    p = add("make-model", cmd_make_model)
+    p.add_argument("--task", default="arithmetic", help="built-in task")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--seed", type=int, default=0)
+
+    p = add("run", cmd_run)
+    p.add_argument("file", type=Path, help="RLJob YAML file")
+    p.add_argument("--output", type=Path, default=None, help="run directory (default rljob-runs/<name>)")
+    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    p.add_argument("--steps", type=int, default=None, help="override algorithm.totalSteps")
+    p.add_argument("--no-display", action="store_true", help="plain log lines instead of the live display")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 picks a free one)")
+
+    p = add("status", cmd_status)
+    p.add_argument("address", help="host:port of the controller's ControlService")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
