@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,3 +16,11 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 def example_doc() -> dict:
     """The shipped example as a plain document, for tests to break."""
     return yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
+
+
+# A local Ray cluster stays on 127.0.0.1 (read when ray is first imported).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+# Ray workers import test reward functions (`reward_fns:...`) from this folder.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p
+)

@@ -9,9 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import EXAMPLES, REPO
 from pydantic import BaseModel
+
 from rljob_api import RLJob, RLJobInvalid, derive_worker_configs, load_rljob, parse_rljob
+
+from conftest import EXAMPLES, REPO
 
 Mutation = Callable[[dict[str, Any]], None]
 

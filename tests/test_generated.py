@@ -8,10 +8,11 @@ import subprocess
 import sys
 from typing import Any
 
-from conftest import REPO
 from rljob_api import parse_rljob
 from rljob_api.crd import crd, openapi_schema
 from rljob_api.generate import generated_files
+
+from conftest import REPO
 
 
 def test_generated_schema_files_are_fresh():

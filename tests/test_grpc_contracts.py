@@ -6,9 +6,9 @@ import asyncio
 import re
 
 import grpc
-from conftest import REPO
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
 from rljob.v1 import (
     control_service_pb2,
     control_service_pb2_grpc,
@@ -18,6 +18,8 @@ from rljob.v1 import (
     weight_service_pb2,
 )
 from rljob_workers.grpc_server import Service, channel, start_server
+
+from conftest import REPO
 
 MODULES = [
     control_service_pb2,

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import tomllib
+
 from conftest import REPO
 
 HEAVY = ("torch", "ray", "transformers", "vllm", "sglang")

@@ -63,6 +63,7 @@ class TrainerWorkerConfig(Model):
     model_path: str
     dtype: str
     algorithm: AlgorithmSpec
+    temperature: float = Field(description="Sampling temperature; log-probs are recomputed at it.")
     strategy: Literal["ddp", "fsdp"]
     world_size: int
     gpus_per_node: int
@@ -125,6 +126,7 @@ def derive_worker_configs(job: RLJob) -> WorkerConfigs:
             model_path=spec.model.path,
             dtype=spec.model.dtype,
             algorithm=spec.algorithm,
+            temperature=spec.rollout.sampling.temperature,
             strategy=spec.trainer.strategy,
             world_size=spec.trainer.world_size,
             gpus_per_node=spec.trainer.gpus_per_node,

@@ -56,7 +56,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print the status of a running controller (its ControlService)."""
-    from rljob_workers.control_client import print_status
+    from rljob_workers.local import print_status
 
     return print_status(args.address)
 

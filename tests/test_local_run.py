@@ -1,0 +1,160 @@
+"""Whole runs on a real local Ray cluster: faults, reward-error policies, staleness bounds, resume.
+
+These use a random tiny model (the plumbing, not learning); tests/test_learning.py trains the
+shipped example's model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rljob_api import parse_rljob
+from rljob_workers.controller.loop import StepReport
+from rljob_workers.local import prepare
+from rljob_workers.local_run import LocalRun
+from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
+
+from conftest import REPO
+from tiny_models import char_llama
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("assets")
+    char_llama(root / "model", eos_bias=3.0)
+    write_jsonl(root / "train.jsonl", make_problems(64, seed=1))
+    return root
+
+
+def job_doc(assets: Path, work: Path, **algorithm: Any) -> dict[str, Any]:
+    doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
+    spec = doc["spec"]
+    spec["model"]["path"] = str(assets / "model")
+    spec["data"]["path"] = str(assets / "train.jsonl")
+    spec["checkpoint"] = {"dir": str(work / "ckpt"), "everySteps": 2}
+    spec["algorithm"].update({"groupSize": 4, "promptsPerStep": 4, "totalSteps": 6, **algorithm})
+    spec["rollout"]["sampling"]["maxNewTokens"] = 6
+    return doc
+
+
+def run_job(doc: dict[str, Any], work: Path, hook: Any = None) -> tuple[int, LocalRun]:
+    job = parse_rljob(copy.deepcopy(doc))
+    run = LocalRun(job, prepare(job, None), work / "out", resume=False, display=False, metrics_port=0, step_hook=hook)
+    return asyncio.run(run.main()), run
+
+
+def assert_each_prompt_trained_once(reports: list[StepReport], steps: int, per_step: int) -> None:
+    trained = [p for r in reports for p in r.prompt_ids]
+    assert [r.step for r in reports] == list(range(1, steps + 1))
+    assert len(trained) == len(set(trained)) == steps * per_step
+
+
+def test_killed_rollout_replica_moves_its_prompts(assets, tmp_path):
+    doc = job_doc(assets, tmp_path, maxStaleness=1)
+    doc["spec"]["rollout"]["replicas"] = 2
+    doc["spec"]["rollout"]["sampling"]["maxNewTokens"] = 24  # slow enough that work is in flight
+    killed: list[int] = []
+    live: list[list[str]] = []
+
+    def kill_when_busy(run: LocalRun, report: StepReport) -> None:
+        live.append([r.name for r in run.clients.live()])
+        replica = run.clients.replicas.get("rollout-0")
+        if not killed and replica is not None and replica.in_flight > 0:
+            run.rollout.kill("rollout-0")
+            killed.append(report.step)
+
+    rc, run = run_job(doc, tmp_path, kill_when_busy)
+    assert rc == 0
+    assert killed and killed[0] < 6, "rollout-0 never had work in flight to lose"
+    assert_each_prompt_trained_once(run.reports, 6, 4)
+    last = run.reports[-1].counts
+    assert last.lost_replica > 0
+    assert live[0] == ["rollout-0", "rollout-1"] and live[-1] == ["rollout-1"]
+    assert max(r.staleness_max for r in run.reports) <= 1
+
+
+def test_reward_error_excluded_and_counted(assets, tmp_path):
+    doc = job_doc(assets, tmp_path, maxStaleness=2, totalSteps=4)
+    doc["spec"]["reward"]["functions"] = [
+        {"name": "exact", "kind": "rule", "rule": {"function": "reward_fns:exact"}},
+        {"name": "flaky", "kind": "rule", "weight": 0.0, "rule": {"function": "reward_fns:fails_on_odd_length"}},
+    ]
+    doc["spec"]["reward"].update(onError="exclude", retries=1)
+    rc, run = run_job(doc, tmp_path)
+    assert rc == 0
+    counts = run.reports[-1].counts
+    assert counts.excluded_reward_error > 0
+    # Every generated sample is accounted for: trained, excluded, or still in flight at the end.
+    assert counts.trained + counts.excluded_reward_error <= counts.generated
+    assert counts.trained == sum(r.samples for r in run.reports)
+    assert sum(r.samples for r in run.reports) < 4 * 4 * 4, "excluded samples must not be trained"
+    assert max(r.staleness_max for r in run.reports) <= 2
+
+
+def test_reward_error_fails_the_run_naming_sample_and_function(assets, tmp_path):
+    doc = job_doc(assets, tmp_path, maxStaleness=0)
+    doc["spec"]["reward"]["functions"] = [
+        {"name": "flaky", "kind": "rule", "rule": {"function": "reward_fns:fails_on_odd_length"}}
+    ]
+    doc["spec"]["reward"].update(onError="fail", retries=0)
+    rc, run = run_job(doc, tmp_path)
+    assert rc == 1
+    assert run.view is not None
+    message = run.view.message
+    assert "reward function 'flaky' raised RuntimeError on sample 'e0-" in message
+    assert "odd length" in message
+
+
+def test_synchronous_run_trains_on_policy(assets, tmp_path):
+    rc, run = run_job(job_doc(assets, tmp_path, maxStaleness=0, totalSteps=4), tmp_path)
+    assert rc == 0
+    assert all(r.staleness_max == 0 for r in run.reports)
+    assert run.reports[-1].counts.discarded_stale == 0
+    assert_each_prompt_trained_once(run.reports, 4, 4)
+
+
+def _steps(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_killed_run_resumes_at_its_checkpoint(assets, tmp_path):
+    doc = job_doc(assets, tmp_path, maxStaleness=1, totalSteps=8)
+    doc["spec"]["rollout"]["sampling"]["maxNewTokens"] = 24
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "rljob_workers.cli", "run", str(job_file), "--no-display", "--output", str(out)]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 180
+    while len(_steps(out / "metrics.jsonl")) < 5 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray cluster it started
+    proc.wait()
+    first = _steps(out / "metrics.jsonl")
+    assert 5 <= len(first) < 8, "the run should have been killed between checkpoints"
+    checkpoint_step = max(r["step"] for r in first if r["checkpoint"] and r["checkpoint"].endswith(f"{r['step']:06d}"))
+
+    resumed = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    second = _steps(out / "metrics.jsonl")[len(first) :]
+    assert [r["step"] for r in second] == list(range(checkpoint_step + 1, 9))
+    assert [r["version"] for r in second] == list(range(checkpoint_step + 1, 9))
+    before = [p for r in first if r["step"] <= checkpoint_step for p in r["prompt_ids"]]
+    after = [p for r in second for p in r["prompt_ids"]]
+    assert len(set(before) | set(after)) == len(before) + len(after) == 8 * 4, "a prompt was trained twice"

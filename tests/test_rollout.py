@@ -1,0 +1,484 @@
+"""The rollout replica: the hf engine's samples and log-probs, safe-point weight switches, and the gRPC server."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import sys
+import threading
+from collections.abc import Awaitable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import pytest
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
+
+from rljob.v1 import rollout_service_pb2 as pb
+from rljob.v1 import rollout_service_pb2_grpc as pb_grpc
+from rljob.v1 import sample_pb2
+from rljob_api.workercfg import RolloutWorkerConfig
+from rljob_workers.grpc_server import channel, start_server
+from rljob_workers.rollout.engine import (
+    Engine,
+    FinishedSample,
+    FinishReason,
+    PromptInput,
+    SamplingConfig,
+    VersionGate,
+    cut_at_stop,
+)
+from rljob_workers.rollout.hf_engine import HFEngine
+from rljob_workers.rollout.server import SERVICE_NAME, serve_rollout
+from rljob_workers.weights import WeightGroup, WeightPublisher, host_store, to_proto, weight_service
+
+from tiny_models import EOS, char_llama
+
+T = TypeVar("T")
+
+
+def run(coro: Awaitable[T]) -> T:
+    return asyncio.run(asyncio.wait_for(coro, 20))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A ~80K-parameter Llama with a character tokenizer; EOS is made likely (~5% a step) so samples end both ways."""
+    return char_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def reference(model_dir: Path, state: dict[str, torch.Tensor] | None = None) -> LlamaForCausalLM:
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    if state is not None:
+        model.load_state_dict(state)
+    return model
+
+
+def recompute(model: LlamaForCausalLM, sample: FinishedSample, temperature: float) -> torch.Tensor:
+    """What the trainer computes: log_softmax(logits / T) at each sampled token, one unpadded forward pass."""
+    ids = torch.tensor([[*sample.prompt_token_ids, *sample.token_ids]])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(sample.prompt_token_ids) - 1 : -1]
+    return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(sample.token_ids)[:, None]).squeeze(-1)
+
+
+def perturbed(model_dir: Path) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in reference(model_dir).state_dict().items()}
+
+
+async def collect(engine: Engine, prompts: list[PromptInput], sampling: SamplingConfig) -> list[FinishedSample]:
+    return [sample async for sample in engine.generate(prompts, sampling)]
+
+
+class PausedEngine(HFEngine):
+    """Holds every batch at its start until `release` is set, so a test can act while a batch is in flight."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def _generate_batch(self, batch: list) -> list[FinishedSample]:
+        self.started.set()
+        self.release.wait(10)
+        return super()._generate_batch(batch)
+
+
+# --- the hf engine --------------------------------------------------------------------------
+
+
+def test_logprobs_equal_a_forward_pass_of_the_same_model(model_dir: Path) -> None:
+    """The key contract: behaviour log-probs are log_softmax(raw_logits / T), not the top-p/top-k-processed ones."""
+    sampling = SamplingConfig(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=16, seed=11)
+
+    async def body() -> list[FinishedSample]:
+        engine = HFEngine(str(model_dir))
+        ids = [engine.tokenize(t) for t in ("12+3=", "7*8=", "what is 123*456 ?")]  # lengths differ: left padding
+        try:
+            return await collect(engine, [PromptInput(f"p{i}", tuple(x), n=2) for i, x in enumerate(ids)], sampling)
+        finally:
+            await engine.close()
+
+    samples = run(body())
+    model = reference(model_dir)
+    assert len(samples) == 6
+    for sample in samples:
+        assert len(sample.logprobs) == len(sample.token_ids) > 0
+        torch.testing.assert_close(torch.tensor(sample.logprobs), recompute(model, sample, 0.7), atol=1e-4, rtol=1e-4)
+
+
+def test_n_samples_per_prompt_with_their_indices(model_dir: Path) -> None:
+    async def body() -> list[FinishedSample]:
+        engine = HFEngine(str(model_dir), seed=1)
+        try:
+            prompts = [PromptInput("a", (5, 6, 7), n=3, first_index=4), PromptInput("b", (8, 9), n=2)]
+            return await collect(engine, prompts, SamplingConfig(max_new_tokens=4))
+        finally:
+            await engine.close()
+
+    samples = run(body())
+    assert sorted(s.sample_id for s in samples) == ["a/4", "a/5", "a/6", "b/0", "b/1"]
+    assert {s.prompt_token_ids for s in samples if s.prompt_id == "a"} == {(5, 6, 7)}
+    assert all(s.policy_version == 0 for s in samples)
+
+
+def test_eos_ends_a_sample_and_the_padding_after_it_is_cut(model_dir: Path) -> None:
+    async def body() -> list[FinishedSample]:
+        engine = HFEngine(str(model_dir), seed=5)
+        try:
+            return await collect(engine, [PromptInput("p", (5, 6, 7), n=16)], SamplingConfig(max_new_tokens=24))
+        finally:
+            await engine.close()
+
+    samples = run(body())
+    stopped = [s for s in samples if s.finish_reason is FinishReason.STOP]
+    capped = [s for s in samples if s.finish_reason is FinishReason.LENGTH]
+    assert stopped and capped, "the fixture's EOS rate should end some samples early and not others"
+    for sample in stopped:
+        assert sample.token_ids[-1] == EOS and EOS not in sample.token_ids[:-1]
+        assert len(sample.logprobs) == len(sample.token_ids) <= 24
+    for sample in capped:
+        assert len(sample.token_ids) == 24 and EOS not in sample.token_ids
+
+
+def test_stop_strings_cut_the_completion() -> None:
+    def decode(ids: Sequence[int]) -> str:
+        return "".join("abcdef"[i] for i in ids)
+
+    tokens = [0, 1, 2, 3, 4, 5]
+    assert cut_at_stop(tokens, decode, ["cd", "f"]) == ([0, 1, 2, 3], "ab", True)
+    assert cut_at_stop(tokens, decode, ["x"]) == (tokens, "abcdef", False)
+    assert cut_at_stop(tokens, decode, ["b", "a"]) == ([0], "", True)
+
+
+def test_engine_stops_at_stop_strings(model_dir: Path) -> None:
+    """Seeded: the same request with a stop string taken from its own completion stops there."""
+
+    async def body() -> tuple[FinishedSample, FinishedSample, str]:
+        engine = HFEngine(str(model_dir))
+        prompt = [PromptInput("p", (5, 6), n=8)]
+        try:
+            free = max(
+                await collect(engine, prompt, SamplingConfig(max_new_tokens=24, seed=9)), key=lambda s: len(s.text)
+            )
+            stop = free.text[len(free.text) // 2 :][:2]
+            again = await collect(engine, prompt, SamplingConfig(max_new_tokens=24, seed=9, stop=(stop,)))
+            return free, next(s for s in again if s.index == free.index), stop
+        finally:
+            await engine.close()
+
+    free, cut, stop = run(body())
+    assert len(free.text) >= 4, "the seeded completion should be long enough to take a stop string from"
+    assert cut.finish_reason is FinishReason.STOP
+    assert cut.text == free.text[: free.text.index(stop)]
+    assert free.token_ids[: len(cut.token_ids)] == cut.token_ids  # the token completing the stop string is kept
+    assert stop in engine_text(model_dir, cut.token_ids) and cut.logprobs == free.logprobs[: len(cut.token_ids)]
+
+
+def engine_text(model_dir: Path, tokens: tuple[int, ...]) -> str:
+    return str(PreTrainedTokenizerFast.from_pretrained(model_dir).decode(list(tokens), skip_special_tokens=True))
+
+
+def test_concurrent_generate_calls_share_a_batch(model_dir: Path) -> None:
+    async def body() -> tuple[list[int], list[int]]:
+        engine = HFEngine(str(model_dir), max_batch_sequences=4)
+        sampling = SamplingConfig(max_new_tokens=3)
+        try:
+            calls = [collect(engine, [PromptInput(f"p{i}", (5 + i, 6), n=1)], sampling) for i in range(3)]
+            await asyncio.gather(*calls)
+            together = list(engine.batch_sizes)
+            engine.batch_sizes.clear()
+            await asyncio.gather(collect(engine, [PromptInput("q", (5,), n=6)], sampling))
+            return together, list(engine.batch_sizes)
+        finally:
+            await engine.close()
+
+    together, split = run(body())
+    assert together == [3]  # three RPCs, one model.generate
+    assert split == [4, 2]  # capped at max_batch_sequences
+
+
+def test_staged_weights_switch_between_batches(model_dir: Path) -> None:
+    """A batch in flight finishes with the old version; the next batch runs on, and reports, the new one."""
+    new_state = perturbed(model_dir)
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=8)
+
+    async def body() -> tuple[list[FinishedSample], int, list[FinishedSample]]:
+        engine = PausedEngine(str(model_dir))
+        try:
+            first = asyncio.create_task(collect(engine, [PromptInput("old", (5, 6, 7), n=2)], sampling))
+            assert await asyncio.to_thread(engine.started.wait, 10)
+            await engine.stage_weights(1, new_state)
+            version_while_running = engine.policy_version
+            engine.release.set()
+            old = await first
+            new = await collect(engine, [PromptInput("new", (5, 6, 7), n=2)], sampling)
+            return old, version_while_running, new
+        finally:
+            await engine.close()
+
+    old, version_while_running, new = run(body())
+    assert version_while_running == 0
+    assert {s.policy_version for s in old} == {0} and {s.policy_version for s in new} == {1}
+    old_model, new_model = reference(model_dir), reference(model_dir, new_state)
+    for sample in old:
+        torch.testing.assert_close(torch.tensor(sample.logprobs), recompute(old_model, sample, 1.0), atol=1e-4, rtol=0)
+    for sample in new:
+        torch.testing.assert_close(torch.tensor(sample.logprobs), recompute(new_model, sample, 1.0), atol=1e-4, rtol=0)
+
+
+def test_staging_refuses_unknown_or_misshapen_weights(model_dir: Path) -> None:
+    async def body() -> None:
+        engine = HFEngine(str(model_dir))
+        try:
+            with pytest.raises(ValueError, match="not a parameter"):
+                await engine.stage_weights(1, {"nope.weight": torch.zeros(2)})
+            with pytest.raises(ValueError, match=r"lm_head\.weight.*shape"):
+                await engine.stage_weights(1, {"lm_head.weight": torch.zeros(2, 2)})
+            assert engine.policy_version == 0
+        finally:
+            await engine.close()
+
+    run(body())
+
+
+def test_version_gate_switches_only_when_no_request_runs() -> None:
+    async def body() -> None:
+        gate = VersionGate()
+        loaded: list[int] = []
+
+        async def load() -> None:
+            loaded.append(gate.version)
+
+        async with gate.request() as version:
+            gate.stage(1, load)
+            await asyncio.sleep(0.01)
+            assert version == 0 and gate.version == 0 and loaded == []
+            later = asyncio.create_task(gate.request().__aenter__())
+            await asyncio.sleep(0.01)
+            assert not later.done()  # held back while the switch waits
+        assert await later == 1 and loaded == [0]
+
+    run(body())
+
+
+# --- the gRPC server ------------------------------------------------------------------------
+
+
+def _config(model_dir: Path) -> RolloutWorkerConfig:
+    return RolloutWorkerConfig(
+        model_path=str(model_dir),
+        dtype="auto",
+        engine="hf",
+        gpus=0,
+        tensor_parallel_size=1,
+        max_concurrent_prompts=16,
+        gpu_memory_utilization=0.5,
+        seed=3,
+    )
+
+
+def _request(*prompts: pb.PromptRequest, max_new_tokens: int = 6) -> pb.GenerateRequest:
+    sampling = sample_pb2.SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
+    return pb.GenerateRequest(prompts=prompts, sampling=sampling)
+
+
+def test_server_streams_completions_and_reports_info(model_dir: Path) -> None:
+    async def body() -> tuple[list[sample_pb2.Completion], pb.GetRolloutInfoResponse]:
+        server, servicer = await serve_rollout(_config(model_dir))
+        try:
+            async with channel(f"127.0.0.1:{server.port}") as ch:
+                stub = pb_grpc.RolloutServiceStub(ch)
+                request = _request(
+                    pb.PromptRequest(prompt_id="ids", token_ids=[5, 6, 7], n=2),
+                    pb.PromptRequest(prompt_id="text", text="12+3=", n=1, first_index=2),
+                )
+                completions = [r.completion async for r in stub.Generate(request)]
+                info = await stub.GetRolloutInfo(pb.GetRolloutInfoRequest())
+            return completions, info
+        finally:
+            await server.stop(None)
+            await servicer.close()
+
+    completions, info = run(body())
+    assert sorted(c.sample_id for c in completions) == ["ids/0", "ids/1", "text/2"]
+    text_prompt = next(c for c in completions if c.prompt_id == "text").prompt_token_ids
+    assert len(text_prompt) == 5
+    for c in completions:
+        assert len(c.logprobs) == len(c.token_ids) > 0 and c.policy_version == 0
+        assert c.finish_reason in (sample_pb2.FINISH_REASON_STOP, sample_pb2.FINISH_REASON_LENGTH)
+    assert (info.engine, info.model, info.policy_version, info.in_flight) == ("hf", str(model_dir), 0, 0)
+    assert info.eos_token_id == EOS and not info.draining
+
+
+@pytest.mark.parametrize(
+    ("prompts", "named"),
+    [
+        ([pb.PromptRequest(prompt_id="blank", n=1)], "'blank' is empty"),
+        ([pb.PromptRequest(prompt_id="none", token_ids=[5], n=0)], "'none': n must be at least 1"),
+        ([pb.PromptRequest(prompt_id="twice", token_ids=[5], n=1)] * 2, "'twice' appears more than once"),
+    ],
+)
+def test_server_rejects_bad_requests_naming_the_prompt(
+    model_dir: Path, prompts: list[pb.PromptRequest], named: str
+) -> None:
+    async def body() -> grpc.aio.AioRpcError:
+        server, servicer = await serve_rollout(_config(model_dir))
+        try:
+            async with channel(f"127.0.0.1:{server.port}") as ch:
+                with pytest.raises(grpc.aio.AioRpcError) as caught:
+                    [r async for r in pb_grpc.RolloutServiceStub(ch).Generate(_request(*prompts))]
+            return caught.value
+        finally:
+            await server.stop(None)
+            await servicer.close()
+
+    error = run(body())
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert named in (error.details() or "")
+
+
+def test_drain_refuses_new_work_and_waits_for_in_flight(model_dir: Path) -> None:
+    async def body() -> None:
+        engine = PausedEngine(str(model_dir))
+        server, servicer = await serve_rollout(_config(model_dir), engine=engine)
+        try:
+            async with channel(f"127.0.0.1:{server.port}") as ch:
+                stub = pb_grpc.RolloutServiceStub(ch)
+                request = _request(pb.PromptRequest(prompt_id="busy", token_ids=[5, 6], n=3))
+                in_flight = asyncio.create_task(_drain_stream(stub.Generate(request)))
+                assert await asyncio.to_thread(engine.started.wait, 10)
+                drain = asyncio.ensure_future(stub.Drain(pb.DrainRequest(timeout_seconds=10)))
+                await asyncio.sleep(0.2)
+                assert not drain.done()  # waits for the three samples in flight
+                health = health_pb2_grpc.HealthStub(ch)
+                for name in ("", SERVICE_NAME):
+                    checked = await health.Check(health_pb2.HealthCheckRequest(service=name))
+                    assert checked.status == health_pb2.HealthCheckResponse.NOT_SERVING
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await _drain_stream(stub.Generate(request))
+                assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+                engine.release.set()
+                assert len(await in_flight) == 3  # nothing lost
+                assert (await drain).in_flight == 0
+                assert (await stub.GetRolloutInfo(pb.GetRolloutInfoRequest())).draining
+        finally:
+            engine.release.set()
+            await server.stop(None)
+            await servicer.close()
+
+    run(body())
+
+
+async def _drain_stream(call: Any) -> list[pb.GenerateResponse]:
+    return [response async for response in call]
+
+
+def test_update_weights_by_pull_then_serves_the_new_version(model_dir: Path) -> None:
+    async def body() -> tuple[pb.UpdateWeightsResponse, list[sample_pb2.Completion]]:
+        publisher = WeightPublisher(bucket_bytes=1 << 16)
+        publisher.publish(3, perturbed(model_dir).items())
+        weights = await start_server([weight_service(publisher)])
+        server, servicer = await serve_rollout(_config(model_dir))
+        try:
+            async with channel(f"127.0.0.1:{server.port}") as ch:
+                stub = pb_grpc.RolloutServiceStub(ch)
+                pull = pb.PullSource(address=f"127.0.0.1:{weights.port}")
+                reply = await stub.UpdateWeights(pb.UpdateWeightsRequest(version=3, pull=pull))
+                request = _request(pb.PromptRequest(prompt_id="p", token_ids=[5, 6], n=2))
+                completions = [r.completion async for r in stub.Generate(request)]
+            return reply, completions
+        finally:
+            await server.stop(None)
+            await weights.stop(None)
+            await servicer.close()
+
+    reply, completions = run(body())
+    assert reply.staged_version == 3 and reply.bytes > 0
+    assert {c.policy_version for c in completions} == {3}
+
+
+def test_update_weights_by_broadcast_over_gloo(model_dir: Path) -> None:
+    """The trainer (rank 0, a thread here) and the replica (JoinWeightGroup, UpdateWeights) over loopback gloo."""
+    new_state = perturbed(model_dir)
+
+    async def body() -> tuple[pb.UpdateWeightsResponse, grpc.StatusCode, int]:
+        server, servicer = await serve_rollout(_config(model_dir))
+        store = host_store("127.0.0.1", 0, timeout=15)
+        publisher = WeightPublisher(bucket_bytes=1 << 16)
+        publisher.publish(4, new_state.items())
+        try:
+            async with channel(f"127.0.0.1:{server.port}") as ch:
+                stub = pb_grpc.RolloutServiceStub(ch)
+                join = pb.JoinWeightGroupRequest(
+                    group_id="g1",
+                    master_address="127.0.0.1",
+                    master_port=store.port,
+                    rank=1,
+                    world_size=2,
+                    backend=pb.WEIGHT_BACKEND_GLOO,
+                    timeout_seconds=15,
+                )
+                trainer_join = asyncio.to_thread(
+                    WeightGroup.create, "g1", "127.0.0.1", store.port, 0, 2, "gloo", 15, store
+                )
+                trainer, _ = await asyncio.gather(trainer_join, stub.JoinWeightGroup(join))
+                broadcast = pb.BroadcastSource(group_id="g1", buckets=[to_proto(p) for p in publisher.plan])
+                update = stub.UpdateWeights(pb.UpdateWeightsRequest(version=4, broadcast=broadcast))
+                reply, _ = await asyncio.gather(update, asyncio.to_thread(publisher.broadcast, trainer))
+                wrong = pb.BroadcastSource(group_id="other", buckets=broadcast.buckets)
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await stub.UpdateWeights(pb.UpdateWeightsRequest(version=5, broadcast=wrong))
+                trainer.close()
+            return reply, refused.value.code(), servicer.engine.policy_version
+        finally:
+            await server.stop(None)
+            await servicer.close()
+
+    reply, refused, serving = run(body())
+    assert reply.staged_version == 4 and reply.bytes == sum(t.numel() * 4 for t in new_state.values())
+    assert refused == grpc.StatusCode.FAILED_PRECONDITION
+    assert serving == 4
+
+
+# --- vllm and sglang ------------------------------------------------------------------------
+
+
+def test_heavy_engine_modules_import_without_their_packages() -> None:
+    """Importing the adapters imports neither engine, and each adapter has every Engine member."""
+    from rljob_workers.rollout.sglang_engine import SGLangEngine
+    from rljob_workers.rollout.vllm_engine import VLLMEngine
+
+    assert "vllm" not in sys.modules and "sglang" not in sys.modules
+    for cls in (HFEngine, VLLMEngine, SGLangEngine):
+        for member in ("name", "policy_version", "eos_token_id", "weights_device", "tokenize"):
+            assert hasattr(cls, member), (cls.__name__, member)
+        assert inspect.isasyncgenfunction(cls.generate)
+        assert inspect.iscoroutinefunction(cls.stage_weights) and inspect.iscoroutinefunction(cls.close)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_heavy_engine_logprobs_match_the_forward_pass(model_dir: Path, engine: str) -> None:
+    pytest.importorskip(engine, reason=f"{engine} is not installed (the optional extra rljob[{engine}])")
+    if not torch.cuda.is_available():
+        pytest.skip(f"{engine} needs a CUDA device")
+    from rljob_workers.rollout.engine import make_engine
+
+    config = _config(model_dir).model_copy(update={"engine": engine, "gpus": 1, "dtype": "float32"})
+
+    async def body() -> list[FinishedSample]:
+        replica = await asyncio.to_thread(make_engine, config)
+        try:
+            return await collect(replica, [PromptInput("p", (5, 6, 7), n=4)], SamplingConfig(max_new_tokens=8))
+        finally:
+            await replica.close()
+
+    samples = run(body())
+    model = reference(model_dir)
+    assert sorted(s.index for s in samples) == [0, 1, 2, 3]
+    for sample in samples:
+        torch.testing.assert_close(torch.tensor(sample.logprobs), recompute(model, sample, 1.0), atol=2e-3, rtol=0)

@@ -1,0 +1,329 @@
+"""The checkpoint engine: bucket plans, a real multi-process gloo broadcast, and the WeightService pull."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+from collections.abc import Callable
+
+import grpc
+import pytest
+import torch
+from rljob.v1 import rollout_service_pb2 as pb
+from rljob.v1 import weight_service_pb2 as wpb
+from rljob_workers.grpc_server import Service, start_server
+from rljob_workers.weights import (
+    WeightGroup,
+    WeightPublisher,
+    WeightServicer,
+    WeightStreamError,
+    from_proto,
+    host_store,
+    pack,
+    plan_buckets,
+    plan_for,
+    pull_weights,
+    receive_broadcast,
+    to_proto,
+    unpack,
+    weight_service,
+)
+from rljob_workers.weights.buckets import dtype_from_name, dtype_name
+
+BUCKET_BYTES = 4096
+
+
+def _model(seed: int) -> dict[str, torch.Tensor]:
+    """Interleaved dtypes, a non-contiguous tensor, a scalar, an empty one and one larger than a bucket."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "embed.weight": torch.randn(40, 16, generator=g).to(torch.bfloat16),
+        "layer0.norm": torch.randn(16, generator=g),
+        "layer0.proj": torch.randn(16, 48, generator=g).to(torch.bfloat16).t(),
+        "layer0.scale": torch.randn((), generator=g),
+        "big.weight": torch.randn(64, 32, generator=g),  # 8 KiB > BUCKET_BYTES
+        "layer1.norm": torch.randn(16, generator=g),
+        "positions": torch.arange(seed, seed + 10, dtype=torch.int64),
+        "mask": torch.rand(7, generator=g) > 0.5,
+        "empty": torch.zeros(0, 3),
+    }
+
+
+def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    assert sorted(got) == sorted(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape, name
+        assert torch.equal(got[name], tensor), name
+
+
+# --- buckets -------------------------------------------------------------------------------
+
+
+def test_plan_groups_one_dtype_per_bucket_in_state_dict_order():
+    model = _model(0)
+    plans = plan_for(model.items(), BUCKET_BYTES)
+    names = [slot.name for plan in plans for slot in plan.tensors]
+    assert sorted(names) == sorted(model)
+    order = list(model)
+    firsts = [order.index(plan.tensors[0].name) for plan in plans]
+    assert firsts == sorted(firsts)
+    for plan in plans:
+        assert {slot.dtype for slot in plan.tensors} == {plan.dtype}
+        assert plan.nbytes <= BUCKET_BYTES or len(plan.tensors) == 1
+        assert [order.index(s.name) for s in plan.tensors] == sorted(order.index(s.name) for s in plan.tensors)
+    big = next(plan for plan in plans if plan.tensors[0].name == "big.weight")
+    assert len(big.tensors) == 1 and big.nbytes == 64 * 32 * 4
+    # The two float32 norms share a bucket although bfloat16 and the big tensor come between them.
+    assert any({"layer0.norm", "layer1.norm"} <= {s.name for s in plan.tensors} for plan in plans)
+
+
+def test_a_full_bucket_closes_and_the_next_one_starts():
+    specs = [("a", torch.float32, (3,)), ("b", torch.float32, (3,)), ("c", torch.float32, (2,))]
+    plans = plan_buckets(specs, 20)
+    assert [[s.name for s in p.tensors] for p in plans] == [["a"], ["b", "c"]]
+    assert [(s.offset, s.numel) for s in plans[1].tensors] == [(0, 3), (3, 2)]
+    assert plans[1].nbytes == 20
+
+
+def test_pack_unpack_round_trip_gives_views():
+    model = _model(1)
+    plans = plan_for(model.items(), BUCKET_BYTES)
+    got: dict[str, torch.Tensor] = {}
+    for plan in plans:
+        flat = pack(plan, model)
+        views = unpack(plan, flat)
+        assert all(v.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for v in views.values())
+        got.update(views)
+    _assert_same({name: got[name] for name in model}, model)
+
+
+def test_pack_refuses_a_tensor_that_does_not_match_the_plan():
+    model = _model(0)
+    plan = plan_for(model.items(), BUCKET_BYTES)[0]
+    with pytest.raises(ValueError, match="embed.weight"):
+        pack(plan, {**model, "embed.weight": torch.zeros(40, 16)})
+    with pytest.raises(KeyError, match="embed.weight"):
+        pack(plan, {})
+
+
+def test_plan_survives_the_proto_round_trip():
+    plans = plan_for(_model(0).items(), BUCKET_BYTES)
+    wire = [pb.Bucket.FromString(to_proto(p).SerializeToString()) for p in plans]
+    assert [from_proto(b) for b in wire] == plans
+    assert wire[0].dtype == "bfloat16" and wire[0].tensors[0].name == "embed.weight"
+
+
+def test_inconsistent_proto_plans_are_refused():
+    good = to_proto(plan_for(_model(0).items(), BUCKET_BYTES)[0])
+    bad_numel = pb.Bucket(dtype=good.dtype, numel=1, tensors=good.tensors)
+    bad_dtype = pb.Bucket(dtype="float32", numel=good.numel, tensors=good.tensors)
+    unknown = pb.Bucket(dtype="float99", numel=good.numel)
+    for message, match in [(bad_numel, "too small"), (bad_dtype, "inside a float32"), (unknown, "float99")]:
+        with pytest.raises(ValueError, match=match):
+            from_proto(message)
+
+
+def test_dtype_names_are_torch_names_without_prefix():
+    assert dtype_name(torch.bfloat16) == "bfloat16"
+    assert dtype_from_name("float8_e4m3fn") is torch.float8_e4m3fn
+    for bad in ["Tensor", "", "_C"]:
+        with pytest.raises(ValueError):
+            dtype_from_name(bad)
+
+
+# --- publisher -----------------------------------------------------------------------------
+
+
+def test_publish_recycles_buffers_only_when_no_stream_holds_them():
+    publisher = WeightPublisher(BUCKET_BYTES)
+    for version in (1, 2):
+        publisher.publish(version, _model(version).items())
+    with publisher.acquire() as v2:
+        v2_ptrs = [b.data_ptr() for b in v2.buckets]
+        publisher.publish(3, _model(3).items())  # v1 is free: its buffers are reused
+        publisher.publish(4, _model(4).items())  # v2 is held: fresh buffers, v2 untouched
+        with publisher.acquire(4) as v4:
+            assert not {b.data_ptr() for b in v4.buckets} & set(v2_ptrs)
+        assert {slot.name: flat for slot, flat in v2.tensors()}["big.weight"].equal(_model(2)["big.weight"].view(-1))
+    with publisher.acquire() as v4:
+        v4_ptrs = [b.data_ptr() for b in v4.buckets]
+    publisher.publish(5, _model(5).items())
+    with publisher.acquire() as v5:
+        assert v5.version == 5 and [b.data_ptr() for b in v5.buckets] != v4_ptrs
+
+
+def test_publish_refuses_old_versions_and_other_parameters():
+    publisher = WeightPublisher(BUCKET_BYTES)
+    with pytest.raises(RuntimeError, match="no version published"):
+        _ = publisher.plan
+    publisher.publish(3, _model(0).items())
+    with pytest.raises(ValueError, match="not newer"):
+        publisher.publish(3, _model(0).items())
+    with pytest.raises(ValueError, match="differ"):
+        publisher.publish(4, {**_model(0), "extra": torch.zeros(1)}.items())
+
+
+# --- gloo broadcast across processes ---------------------------------------------------------
+
+
+def _receiver(port: int, phases: list[tuple[str, int, int, int, list[bytes]]], results: mp.Queue) -> None:
+    """A rollout replica: for each (group_id, rank, world_size, seed, plans) join, receive, verify."""
+    for group_id, rank, world_size, seed, wire in phases:
+        group = WeightGroup.create(group_id, "127.0.0.1", port, rank, world_size, "gloo", timeout=30)
+        plans = [from_proto(pb.Bucket.FromString(b)) for b in wire]
+        got = receive_broadcast(group, plans)
+        want = _model(seed)
+        wrong = [n for n in want if n not in got or got[n].dtype != want[n].dtype or not torch.equal(got[n], want[n])]
+        results.put((group_id, rank, sorted(got), wrong))
+        group.close()
+
+
+def test_broadcast_to_two_processes_then_reform_without_one():
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    store = host_store("127.0.0.1", timeout=30)
+    publisher = WeightPublisher(BUCKET_BYTES)
+    publisher.publish(1, _model(1).items())
+    wire = [to_proto(p).SerializeToString() for p in publisher.plan]
+    stays = ctx.Process(target=_receiver, args=(store.port, [("g1", 1, 3, 1, wire), ("g2", 1, 2, 2, wire)], results))
+    leaves = ctx.Process(target=_receiver, args=(store.port, [("g1", 2, 3, 1, wire)], results))
+    for process in (stays, leaves):
+        process.start()
+    try:
+        group = WeightGroup.create("g1", "127.0.0.1", store.port, 0, 3, "gloo", timeout=30, store=store)
+        assert publisher.broadcast(group) == 1
+        first = sorted(results.get(timeout=30) for _ in range(2))
+        assert first == [("g1", r, sorted(_model(1)), []) for r in (1, 2)]
+        leaves.join(timeout=30)
+        assert leaves.exitcode == 0
+        group.close()
+        # A member is gone: a new group id on the same store; no key of g1 is reused.
+        group = WeightGroup.create("g2", "127.0.0.1", store.port, 0, 2, "gloo", timeout=30, store=store)
+        publisher.publish(2, _model(2).items(), group)  # packing overlapped with the broadcast
+        assert results.get(timeout=30) == ("g2", 1, sorted(_model(2)), [])
+        group.close()
+        stays.join(timeout=30)
+        assert stays.exitcode == 0
+    finally:
+        for process in (stays, leaves):
+            if process.is_alive():
+                process.kill()
+
+
+# --- WeightService pull ----------------------------------------------------------------------
+
+
+async def _serve(servicer: object, body: Callable[[str], object]) -> object:
+    name = wpb.DESCRIPTOR.services_by_name["WeightService"].full_name
+    from rljob.v1 import weight_service_pb2_grpc as wgrpc
+
+    server = await start_server([Service(wgrpc.add_WeightServiceServicer_to_server, servicer, name)])
+    try:
+        return await body(f"127.0.0.1:{server.port}")  # type: ignore[misc]
+    finally:
+        await server.stop(None)
+
+
+def test_pull_returns_exactly_the_newest_version():
+    publisher = WeightPublisher(BUCKET_BYTES)
+    publisher.publish(1, _model(1).items())
+    publisher.publish(2, _model(2).items())
+
+    async def body(address: str) -> tuple[int, dict[str, torch.Tensor]]:
+        return await pull_weights(address, min_version=1, max_chunk_bytes=100)
+
+    version, tensors = asyncio.run(_serve(weight_service(publisher).servicer, body))  # type: ignore[misc]
+    assert version == 2
+    _assert_same(tensors, {name: t.contiguous() for name, t in _model(2).items()})
+
+
+def test_missing_version_is_failed_precondition_and_empty_service_says_minus_one():
+    publisher = WeightPublisher(BUCKET_BYTES)
+
+    async def body(address: str) -> tuple[int, list[str]]:
+        from rljob.v1 import weight_service_pb2_grpc as wgrpc
+        from rljob_workers.grpc_server import channel
+
+        async with channel(address) as ch:
+            latest = await wgrpc.WeightServiceStub(ch).GetLatestVersion(wpb.GetLatestVersionRequest())
+        errors = []
+        for min_version in (0, 5):
+            with pytest.raises(grpc.aio.AioRpcError) as caught:
+                await pull_weights(address, min_version)
+            assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            errors.append(caught.value.details())
+            publisher.publish(1, _model(1).items()) if publisher.latest_version < 0 else None
+        return latest.version, errors
+
+    latest, errors = asyncio.run(_serve(WeightServicer(publisher), body))  # type: ignore[misc]
+    assert latest == -1
+    assert "≥ 0: none is published" in errors[0] and "≥ 5: the newest is 1" in errors[1]
+
+
+class _PublishMidStream(WeightServicer):
+    """Runs `during` right after the first chunk went out, while the stream holds its version."""
+
+    def __init__(self, publisher: WeightPublisher, during: Callable[[], None]) -> None:
+        super().__init__(publisher, chunk_bytes=64)
+        self.during = during
+
+    async def FetchWeights(self, request, context):
+        first = True
+        async for chunk in super().FetchWeights(request, context):
+            yield chunk
+            if first:
+                self.during()
+                first = False
+
+
+def test_a_fetch_during_publishes_streams_one_consistent_version():
+    publisher = WeightPublisher(BUCKET_BYTES)
+    publisher.publish(1, _model(1).items())
+    publisher.publish(2, _model(2).items())
+
+    def publish_two_more() -> None:
+        publisher.publish(3, _model(3).items())  # reuses v1's buffers: free
+        publisher.publish(4, _model(4).items())  # v2 is streaming: must not be written
+
+    async def body(address: str) -> tuple[int, dict[str, torch.Tensor]]:
+        return await pull_weights(address)
+
+    version, tensors = asyncio.run(_serve(_PublishMidStream(publisher, publish_two_more), body))  # type: ignore[misc]
+    assert version == 2 and publisher.latest_version == 4
+    _assert_same(tensors, {name: t.contiguous() for name, t in _model(2).items()})
+
+
+def _chunk(name: str = "w", offset: int = 0, data: bytes = b"\0" * 8, **fields: object) -> wpb.FetchWeightsResponse:
+    header = {"version": 1, "dtype": "float32", "shape": [2], "total_bytes": 8, "tensor_count": 1, **fields}
+    return wpb.FetchWeightsResponse(name=name, offset=offset, data=data, **header)  # type: ignore[arg-type]
+
+
+class _Scripted(WeightServicer):
+    def __init__(self, chunks: list[wpb.FetchWeightsResponse]) -> None:
+        super().__init__(WeightPublisher())
+        self.chunks = chunks
+
+    async def FetchWeights(self, request, context):
+        for chunk in self.chunks:
+            yield chunk
+
+
+@pytest.mark.parametrize(
+    ("chunks", "match"),
+    [
+        ([], "before its first chunk"),
+        ([_chunk(data=b"\0" * 4)], r"incomplete: \['w \(4/8 bytes\)'\]"),
+        ([_chunk(tensor_count=2)], "1 of 2 tensors"),
+        ([_chunk(data=b"\0" * 4), _chunk(offset=4, data=b"\0" * 4, version=2)], "version 2"),
+        ([_chunk(data=b"\0" * 4), _chunk(offset=2, data=b"\0" * 4)], "expected 4"),
+        ([_chunk(total_bytes=6)], "6 bytes cannot be float32"),
+        ([_chunk(data=b"\0" * 4), _chunk("v")], "'w' ended early"),
+        ([_chunk(), _chunk("v")], "one more than the announced 1"),
+    ],
+)
+def test_short_or_inconsistent_stream_is_a_clear_error(chunks, match):
+    async def body(address: str) -> object:
+        return await pull_weights(address)
+
+    with pytest.raises(WeightStreamError, match=match):
+        asyncio.run(_serve(_Scripted(chunks), body))

@@ -1,0 +1,201 @@
+"""Ray actors of the three pools. Each pool's actors require the pool's custom resource, so the
+same code places them on the right nodes of a KubeRay cluster and on one local machine.
+
+Actors are thin: they host a gRPC server (rollout, reward) or a PolicyTrainer rank, and
+run blocking torch work in a thread so their event loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from pathlib import Path
+from typing import Any, cast
+
+import ray
+
+
+def node_host() -> str:
+    """The address other pools reach this actor at (the Ray node's IP; 127.0.0.1 locally)."""
+    return str(ray.util.get_node_ip_address())
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def limit_threads(cpus: float) -> None:
+    """One torch thread per CPU the actor asked for: pools share the machine's cores."""
+    import torch
+
+    torch.set_num_threads(max(1, int(cpus)))
+
+
+@ray.remote
+class RolloutActor:
+    """One rollout replica: an engine behind a RolloutService."""
+
+    def __init__(self, config_json: str, cpus: float, index: int) -> None:
+        limit_threads(cpus)
+        self.config_json = config_json
+        self.index = index
+        self.server: Any = None
+        self.servicer: Any = None
+
+    async def start(self) -> str:
+        from rljob_api.workercfg import RolloutWorkerConfig
+
+        from .rollout.server import serve_rollout
+
+        config = RolloutWorkerConfig.model_validate_json(self.config_json)
+        # Replicas sample differently: the same seed everywhere would duplicate their samples.
+        config.seed += 1_000_003 * self.index
+        host = node_host()
+        self.server, self.servicer = await serve_rollout(config, host, 0)
+        return f"{host}:{self.server.port}"
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.stop(None)
+            await self.servicer.close()
+
+
+@ray.remote
+class RewardActor:
+    """One reward replica: the job's reward functions behind a RewardService."""
+
+    def __init__(self, config_json: str, cpus: float, index: int) -> None:
+        limit_threads(cpus)
+        self.config_json = config_json
+        self.server: Any = None
+        self.servicer: Any = None
+
+    async def start(self) -> str:
+        from rljob_api.workercfg import RewardWorkerConfig
+
+        from .reward.server import serve_reward
+
+        host = node_host()
+        config = RewardWorkerConfig.model_validate_json(self.config_json)
+        self.server, self.servicer = await serve_reward(config, host, 0)
+        return f"{host}:{self.server.port}"
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            await self.server.set_serving(False)
+            await self.servicer.drain(30.0)
+            await self.server.stop(None)
+            self.servicer.functions.close()
+
+
+@ray.remote
+class TrainerActor:
+    """One trainer rank. Rank 0 also publishes weights: the broadcast group and the WeightService."""
+
+    def __init__(self, config_json: str, rank: int, world_size: int, cpus: float) -> None:
+        from rljob_api.workercfg import TrainerWorkerConfig
+
+        limit_threads(cpus)
+        self.config = TrainerWorkerConfig.model_validate_json(config_json)
+        self.rank, self.world_size = rank, world_size
+        self.trainer: Any = None
+        self.publisher: Any = None
+        self.weight_server: Any = None
+        self.group: Any = None
+        self.store: Any = None
+
+    def dist_address(self) -> tuple[str, int]:
+        host = node_host()
+        return host, free_port(host)
+
+    async def setup(self, dist_address: tuple[str, int] | None, resume_dir: str | None) -> None:
+        await asyncio.to_thread(self._setup, dist_address, resume_dir)
+
+    def _setup(self, dist_address: tuple[str, int] | None, resume_dir: str | None) -> None:
+        import torch
+
+        from .trainer.policy import PolicyTrainer
+
+        gpu = self.config.gpus_per_node > 0 and torch.cuda.is_available()
+        device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
+        if self.world_size > 1 and dist_address is not None:
+            backend = "nccl" if gpu else "gloo"
+            host, port = dist_address
+            torch.distributed.init_process_group(
+                backend, init_method=f"tcp://{host}:{port}", rank=self.rank, world_size=self.world_size
+            )
+        model_dir = str(Path(resume_dir) / "model") if resume_dir else None
+        self.trainer = PolicyTrainer(self.config, device, self.world_size, resume_from=model_dir)
+        if resume_dir:
+            self.trainer.load_optimizer(Path(resume_dir))
+
+    async def train_step(self, samples: list[Any], total_samples: int, total_tokens: int) -> dict[str, float]:
+        result: dict[str, float] = await asyncio.to_thread(
+            self.trainer.train_step, samples, total_samples, total_tokens
+        )
+        return result
+
+    # ---- checkpoint engine (rank 0 serves; every rank joins the full-weight gather) ------
+    async def start_weight_service(self) -> str:
+        from .grpc_server import start_server
+        from .weights.publisher import WeightPublisher, weight_service
+
+        self.publisher = WeightPublisher(self.config.weight_sync.bucket_size_mb * 1024 * 1024)
+        host = node_host()
+        self.weight_server = await start_server([weight_service(self.publisher)], host, 0)
+        return f"{host}:{self.weight_server.port}"
+
+    async def publish(self, version: int) -> None:
+        weights = await asyncio.to_thread(lambda: list(self.trainer.named_weights()))
+        if self.rank == 0:
+            await asyncio.to_thread(self.publisher.publish, version, weights)
+
+    def bucket_plans(self) -> bytes:
+        from rljob.v1 import rollout_service_pb2
+
+        from .weights.buckets import to_proto
+
+        source = rollout_service_pb2.BroadcastSource(buckets=[to_proto(p) for p in self.publisher.plan])
+        return source.SerializeToString()
+
+    async def open_weight_group(self, group_id: str, world_size: int, backend: str, timeout: float) -> tuple[str, int]:
+        from .weights.group import host_store
+
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+        host = node_host()
+        self.store = host_store(host, 0, timeout)
+        self._pending_group = (group_id, host, int(self.store.port), world_size, backend, timeout)
+        return host, int(self.store.port)
+
+    async def join_weight_group(self) -> None:
+        from .weights.group import WeightGroup
+
+        group_id, host, port, world_size, backend, timeout = self._pending_group
+        self.group = await asyncio.to_thread(
+            WeightGroup.create, group_id, host, port, 0, world_size, cast(Any, backend), timeout, store=self.store
+        )
+
+    async def broadcast(self) -> int:
+        """Broadcast the newest published version to the group; returns that version."""
+        version: int = await asyncio.to_thread(self.publisher.broadcast, self.group)
+        return version
+
+    async def save_checkpoint(self, root: str, step: int, state: dict[str, Any], keep: int) -> str:
+        from .trainer import checkpoint
+
+        directory = checkpoint.step_dir(Path(root), step)
+        # Every rank takes part in gathering the full weights (FSDP); rank 0 writes them.
+        weights = await asyncio.to_thread(lambda: dict(self.trainer.named_weights()))
+        if self.rank == 0:
+            directory.mkdir(parents=True, exist_ok=True)
+            await asyncio.to_thread(self.trainer.save, directory, weights)
+            checkpoint.commit(Path(root), directory, state, keep)
+        return str(directory)
+
+    def pid(self) -> int:
+        return os.getpid()

@@ -1,0 +1,112 @@
+"""Prompt groups as their samples stream in, and the staleness rules (pure bookkeeping, no I/O)."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from .data import Prompt
+
+
+@dataclass
+class Sample:
+    """One generated sample and, once scored, its reward."""
+
+    sample_id: str
+    prompt_id: str
+    index: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: list[float]
+    policy_version: int
+    text: str
+    reward: float | None = None
+    components: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Group:
+    """The n samples of one prompt; complete when every index is scored or excluded."""
+
+    prompt: Prompt
+    n: int
+    received: dict[int, Sample] = field(default_factory=dict)
+    excluded: set[int] = field(default_factory=set)
+
+    @property
+    def scored(self) -> list[Sample]:
+        return [s for i, s in sorted(self.received.items()) if s.reward is not None and i not in self.excluded]
+
+    @property
+    def complete(self) -> bool:
+        done = sum(1 for i, s in self.received.items() if s.reward is not None or i in self.excluded)
+        return done == self.n
+
+    def missing(self) -> list[int]:
+        """Indices not yet received (to be generated again after a rollout replica failed)."""
+        return [i for i in range(self.n) if i not in self.received]
+
+    def oldest_version(self) -> int:
+        return min(s.policy_version for s in self.received.values())
+
+
+def dispatch_allowed(outstanding_groups: int, prompts_per_step: int, max_staleness: int) -> bool:
+    """May one more prompt group start generating?
+
+    Groups in flight or waiting for the trainer are trained at most `max_staleness` steps
+    after the version current when they were dispatched, as long as no more than
+    (max_staleness + 1) batches are outstanding: 0 gives synchronous on-policy training.
+    """
+    return outstanding_groups < (max_staleness + 1) * prompts_per_step
+
+
+def staleness(sample_version: int, trainer_version: int) -> int:
+    """How many versions the sample lags the policy about to be trained."""
+    return trainer_version - sample_version
+
+
+@dataclass
+class GroupTracker:
+    """Every group in flight; complete groups wait, in completion order, for the trainer."""
+
+    groups: dict[str, Group] = field(default_factory=dict)
+    ready: deque[Group] = field(default_factory=deque)
+    duplicates: int = 0
+
+    def start(self, prompt: Prompt, n: int) -> Group:
+        if prompt.prompt_id in self.groups:
+            raise KeyError(f"prompt {prompt.prompt_id} already in flight")
+        group = self.groups[prompt.prompt_id] = Group(prompt, n)
+        return group
+
+    def receive(self, sample: Sample) -> bool:
+        """Record a generated sample; False (and counted) for a duplicate or unknown sample."""
+        group = self.groups.get(sample.prompt_id)
+        if group is None or sample.index in group.received or not 0 <= sample.index < group.n:
+            self.duplicates += 1
+            return False
+        group.received[sample.index] = sample
+        return True
+
+    def score(self, prompt_id: str, index: int, reward: float, components: dict[str, float]) -> None:
+        sample = self.groups[prompt_id].received[index]
+        sample.reward, sample.components = reward, components
+        self._maybe_ready(prompt_id)
+
+    def exclude(self, prompt_id: str, index: int) -> None:
+        self.groups[prompt_id].excluded.add(index)
+        self._maybe_ready(prompt_id)
+
+    def _maybe_ready(self, prompt_id: str) -> None:
+        group = self.groups[prompt_id]
+        if group.complete:
+            del self.groups[prompt_id]
+            self.ready.append(group)
+
+    def drop(self, prompt_id: str) -> Group:
+        """Forget a group in flight (its prompt will be handed out again)."""
+        return self.groups.pop(prompt_id)
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.groups) + len(self.ready)

@@ -1,0 +1,352 @@
+"""The RL loop: dispatch prompts to rollout, stream each sample to reward, train on fresh groups.
+
+Three kinds of asyncio tasks share one `asyncio.Condition`:
+- the dispatcher starts a Generate stream per prompt group while staleness allows;
+- one task per sample scores it as soon as its generation finishes;
+- the train loop takes `promptsPerStep` complete groups, drops (and regenerates) groups
+  older than `maxStaleness`, trains, publishes the new version and checkpoints.
+Every sample is counted on its way: generated, scored, trained, discarded as stale,
+excluded after a reward error, or regenerated after a replica was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import grpc
+import torch
+
+from rljob.v1 import rollout_service_pb2 as rollout_pb
+from rljob.v1 import sample_pb2
+from rljob_api.workercfg import ControllerConfig
+
+from ..trainer.grpo import group_advantages
+from ..trainer.policy import TrainSample
+from .data import Prompt, PromptSource
+from .groups import Group, GroupTracker, Sample, dispatch_allowed, staleness
+from .rollout_clients import ReplicaLost, RolloutClients
+
+log = logging.getLogger(__name__)
+
+
+class RunFailed(RuntimeError):
+    """The run cannot go on; the message says why, naming the sample and function where one failed."""
+
+
+class Trainer(Protocol):
+    """What the controller needs of the trainer pool (Ray actors behind it)."""
+
+    async def train_step(self, samples: list[TrainSample]) -> dict[str, float]: ...
+    async def save_checkpoint(self, step: int, version: int, controller_state: dict[str, Any]) -> str: ...
+
+
+class Scorer(Protocol):
+    """What the controller needs of the reward pool (the router)."""
+
+    async def score(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore: ...
+
+
+@dataclass
+class Counts:
+    """Samples through the pipeline; nothing leaves it uncounted."""
+
+    generated: int = 0
+    scored: int = 0
+    trained: int = 0
+    discarded_stale: int = 0
+    excluded_reward_error: int = 0
+    lost_replica: int = 0
+    reward_retries: int = 0
+
+
+@dataclass
+class StepReport:
+    """What one train step did, for metrics, the display and the tests."""
+
+    step: int
+    version: int
+    reward_mean: float
+    reward_std: float
+    staleness_mean: float
+    staleness_max: int
+    samples: int
+    prompt_ids: list[str]
+    train_metrics: dict[str, float]
+    step_seconds: float
+    wait_seconds: float
+    elapsed_seconds: float
+    counts: Counts
+    checkpoint: str | None = None
+
+
+@dataclass
+class Controller:
+    config: ControllerConfig
+    prompts: PromptSource
+    rollout: RolloutClients
+    scorer: Scorer
+    trainer: Trainer
+    sync_weights: Callable[[int], Awaitable[None]]
+    on_step: Callable[[StepReport], None] = lambda report: None
+    step: int = 0
+    version: int = 0
+    counts: Counts = field(default_factory=Counts)
+    tracker: GroupTracker = field(default_factory=GroupTracker)
+    last_checkpoint: str | None = None
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    _failure: str | None = None
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    _started: float = field(default_factory=time.monotonic)
+    _trained_groups: int = 0
+    _in_training: int = 0
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def algo(self) -> Any:
+        return self.config.algorithm
+
+    # ---- the train loop -------------------------------------------------------------
+    async def run(self) -> None:
+        """Train until totalSteps; raises RunFailed if a sample's reward fails under onError: fail."""
+        self._started = time.monotonic()
+        dispatcher = asyncio.create_task(self._dispatch_loop())
+        try:
+            while self.step < self.algo.total_steps and not self.stop.is_set():
+                await self._train_one_step()
+            if self.stop.is_set() and not self._checkpointed_now():
+                self.last_checkpoint = await self.trainer.save_checkpoint(self.step, self.version, self.state())
+        finally:
+            dispatcher.cancel()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(dispatcher, *self._tasks, return_exceptions=True)
+
+    async def _train_one_step(self) -> None:
+        waited = time.monotonic()
+        groups = await self._next_batch()
+        started = time.monotonic()
+        samples, rewards, lags, prompt_ids = self._train_samples(groups)
+        metrics = await self.trainer.train_step(samples)
+        self.step += 1
+        self.version += 1
+        self.counts.trained += len(samples)
+        for prompt_id in prompt_ids:
+            self.prompts.trained(prompt_id)
+        if self.version % self.config.weight_sync.every_steps == 0:
+            await self.sync_weights(self.version)
+        # Only now may the next groups start: dispatched earlier, they would be generated by the
+        # old policy and be one version staler than maxStaleness allows when their turn comes.
+        async with self._changed:
+            self._trained_groups += len(groups)
+            self._in_training = 0
+            self._changed.notify_all()
+        if self._checkpointed_now():
+            self.last_checkpoint = await self.trainer.save_checkpoint(self.step, self.version, self.state())
+        rewards_t = torch.tensor(rewards) if rewards else torch.zeros(1)
+        self.on_step(
+            StepReport(
+                step=self.step,
+                version=self.version,
+                reward_mean=float(rewards_t.mean()),
+                reward_std=float(rewards_t.std(correction=0)),
+                staleness_mean=sum(lags) / max(len(lags), 1),
+                staleness_max=max(lags, default=0),
+                samples=len(samples),
+                prompt_ids=prompt_ids,
+                train_metrics=metrics,
+                step_seconds=time.monotonic() - started,
+                wait_seconds=started - waited,
+                elapsed_seconds=time.monotonic() - self._started,
+                counts=Counts(**vars(self.counts)),
+                checkpoint=self.last_checkpoint,
+            )
+        )
+
+    async def _next_batch(self) -> list[Group]:
+        """promptsPerStep complete groups, each within maxStaleness of the version to train."""
+        batch: list[Group] = []
+        async with self._changed:
+            while len(batch) < self.algo.prompts_per_step:
+                await self._changed.wait_for(lambda: bool(self.tracker.ready) or self._failure is not None)
+                self._raise_if_failed()
+                group = self.tracker.ready.popleft()
+                if group.received and staleness(group.oldest_version(), self.version) > self.algo.max_staleness:
+                    # Too old to train on: regenerate the prompt with the current policy.
+                    self.counts.discarded_stale += len(group.received)
+                    self.prompts.retry(group.prompt)
+                    self._changed.notify_all()
+                    continue
+                batch.append(group)
+                self._in_training += 1
+        return batch
+
+    def _train_samples(self, groups: list[Group]) -> tuple[list[TrainSample], list[float], list[int], list[str]]:
+        samples: list[TrainSample] = []
+        rewards: list[float] = []
+        lags: list[int] = []
+        for group_id, group in enumerate(groups):
+            scored = group.scored
+            if not scored:
+                continue
+            values = torch.tensor([s.reward for s in scored], dtype=torch.float32)
+            ids = torch.full_like(values, group_id, dtype=torch.long)
+            advantages = group_advantages(values, ids, scale_by_std=self.algo.scale_rewards_by_std)
+            for sample, advantage in zip(scored, advantages.tolist(), strict=True):
+                samples.append(TrainSample(sample.prompt_token_ids, sample.token_ids, sample.logprobs, advantage))
+                rewards.append(float(sample.reward or 0.0))
+                lags.append(staleness(sample.policy_version, self.version))
+        return samples, rewards, lags, [g.prompt.prompt_id for g in groups]
+
+    def _checkpointed_now(self) -> bool:
+        """Whether the step just finished is one that gets a checkpoint."""
+        return self.step % self.config.checkpoint.every_steps == 0 or self.step == self.algo.total_steps
+
+    # ---- dispatch ---------------------------------------------------------------------
+    def _may_dispatch(self) -> bool:
+        # Groups taken for the step in progress stay outstanding until its new version is out.
+        outstanding = self.tracker.outstanding + self._in_training
+        return (
+            dispatch_allowed(outstanding, self.algo.prompts_per_step, self.algo.max_staleness)
+            and self._trained_groups + outstanding < self.algo.total_steps * self.algo.prompts_per_step
+        )
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self._may_dispatch() and self.rollout.pick() is not None)
+                prompt = self.prompts.next()
+                self.tracker.start(prompt, self.algo.group_size)
+                self._spawn(self._generate(prompt, list(range(self.algo.group_size))))
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(f"internal error: {task.exception()!r}")
+
+    def _request(self, prompt: Prompt, indices: list[int]) -> rollout_pb.GenerateRequest:
+        s = self.config.sampling
+        sampling = sample_pb2.SamplingParams(
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens, stop=s.stop
+        )
+        # Indices are contiguous: a group is generated whole, and regenerated from its first missing index.
+        request = rollout_pb.PromptRequest(
+            prompt_id=prompt.prompt_id, text=prompt.text, n=len(indices), first_index=indices[0]
+        )
+        return rollout_pb.GenerateRequest(prompts=[request], sampling=sampling)
+
+    async def _generate(self, prompt: Prompt, indices: list[int]) -> None:
+        replica = self.rollout.pick()
+        while replica is None:
+            async with self._changed:
+                await self._changed.wait_for(lambda: self.rollout.pick() is not None or self._failure is not None)
+                if self._failure:
+                    return
+                replica = self.rollout.pick()
+        try:
+            async for response in self.rollout.generate(replica, self._request(prompt, indices)):
+                await self._received(prompt, response.completion)
+        except ReplicaLost as exc:
+            log.warning("%s; regenerating the rest of prompt %s elsewhere", exc, prompt.prompt_id)
+            await self._regenerate_missing(prompt)
+        except grpc.aio.AioRpcError as exc:
+            self._fail(f"rollout replica {replica.name} refused prompt {prompt.prompt_id}: {exc.details()}")
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _regenerate_missing(self, prompt: Prompt) -> None:
+        group = self.tracker.groups.get(prompt.prompt_id)
+        if group is None:
+            return
+        missing = group.missing()
+        if missing:
+            self.counts.lost_replica += len(missing)
+            for run in _contiguous_runs(missing):
+                self._spawn(self._generate(prompt, run))
+
+    async def _received(self, prompt: Prompt, completion: sample_pb2.Completion) -> None:
+        sample = Sample(
+            sample_id=completion.sample_id,
+            prompt_id=completion.prompt_id,
+            index=completion.index,
+            prompt_token_ids=list(completion.prompt_token_ids),
+            token_ids=list(completion.token_ids),
+            logprobs=list(completion.logprobs),
+            policy_version=completion.policy_version,
+            text=completion.text,
+        )
+        if self.tracker.receive(sample):
+            self.counts.generated += 1
+            self._spawn(self._score(prompt, sample))
+
+    # ---- reward -----------------------------------------------------------------------
+    async def _score(self, prompt: Prompt, sample: Sample) -> None:
+        request = sample_pb2.RewardSample(
+            sample_id=sample.sample_id,
+            prompt_id=sample.prompt_id,
+            prompt=prompt.text,
+            completion=sample.text,
+            fields=prompt.fields,
+            token_ids=sample.token_ids,
+            policy_version=sample.policy_version,
+        )
+        for attempt in range(self.config.reward_retries + 1):
+            result = await self.scorer.score(request)
+            if not result.HasField("error"):
+                async with self._changed:
+                    self.counts.scored += 1
+                    self.tracker.score(sample.prompt_id, sample.index, result.score, dict(result.components))
+                    self._changed.notify_all()
+                return
+            if attempt < self.config.reward_retries:
+                self.counts.reward_retries += 1
+                await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
+        error = result.error
+        detail = error.message
+        if sample.sample_id not in detail:  # servers in other languages may not name the sample
+            detail = f"sample {sample.sample_id}: reward function {error.function or '?'} failed: {detail}"
+        if self.config.reward_on_error == "fail":
+            self._fail(detail)
+            return
+        log.warning("excluded %s", detail)
+        async with self._changed:
+            self.counts.excluded_reward_error += 1
+            self.tracker.exclude(sample.prompt_id, sample.index)
+            self._changed.notify_all()
+
+    # ---- failure and state ---------------------------------------------------------------
+    def _fail(self, message: str) -> None:
+        if self._failure is None:
+            self._failure = message
+            asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
+        async with self._changed:
+            self._changed.notify_all()
+
+    def _raise_if_failed(self) -> None:
+        if self._failure is not None:
+            raise RunFailed(self._failure)
+
+    def state(self) -> dict[str, Any]:
+        """The controller's part of a checkpoint: step, version, data position."""
+        return {"step": self.step, "policy_version": self.version, "data": self.prompts.state()}
+
+
+def _contiguous_runs(indices: list[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return runs

@@ -1,0 +1,82 @@
+"""The controller's ControlService: a status snapshot for the operator, the CLI and dashboards."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rljob.v1 import control_service_pb2 as pb
+from rljob.v1 import control_service_pb2_grpc as pb_grpc
+
+from .loop import Controller, StepReport
+
+
+@dataclass
+class RunView:
+    """What the status is made of: the controller, the last step, pool sizes, the phase."""
+
+    controller: Controller
+    total_steps: int
+    pools: Callable[[], dict[str, tuple[int, int]]]
+    phase: int = pb.RUN_PHASE_STARTING
+    message: str = ""
+    last: StepReport | None = None
+    stop_requested: asyncio.Event | None = None
+
+    def snapshot(self) -> pb.JobStatus:
+        c = self.controller
+        last = self.last
+        counts = c.counts
+        status = pb.JobStatus(
+            phase=self.phase,  # type: ignore[arg-type]
+            step=c.step,
+            total_steps=self.total_steps,
+            policy_version=c.version,
+            samples=pb.SampleCounts(
+                generated=counts.generated,
+                scored=counts.scored,
+                trained=counts.trained,
+                discarded_stale=counts.discarded_stale,
+                excluded_reward_error=counts.excluded_reward_error,
+                lost_replica=counts.lost_replica,
+            ),
+            checkpoint=c.last_checkpoint or "",
+            message=self.message,
+        )
+        if last is not None:
+            status.reward_mean = last.reward_mean
+            status.reward_std = last.reward_std
+            status.staleness_mean = last.staleness_mean
+            status.staleness_max = last.staleness_max
+            status.elapsed_seconds = last.elapsed_seconds
+            status.samples_per_second = counts.trained / max(last.elapsed_seconds, 1e-9)
+        for name, (desired, ready) in self.pools().items():
+            getattr(status, name).CopyFrom(pb.PoolStatus(desired=desired, ready=ready))
+        return status
+
+
+class ControlServicer(pb_grpc.ControlServiceServicer):
+    """Serves RunView snapshots."""
+
+    def __init__(self, view: RunView) -> None:
+        self.view = view
+
+    async def GetJobStatus(self, request, context):
+        return pb.GetJobStatusResponse(status=self.view.snapshot())
+
+    async def WatchJobStatus(self, request, context):
+        interval = request.interval_seconds or 1.0
+        while True:
+            status = self.view.snapshot()
+            yield pb.WatchJobStatusResponse(status=status)
+            if status.phase in (pb.RUN_PHASE_SUCCEEDED, pb.RUN_PHASE_FAILED):
+                return
+            await asyncio.sleep(interval)
+
+    async def Stop(self, request, context):
+        running = self.view.phase in (pb.RUN_PHASE_STARTING, pb.RUN_PHASE_RUNNING)
+        if running and self.view.stop_requested is not None:
+            self.view.message = f"stop requested: {request.reason}"
+            self.view.stop_requested.set()
+        return pb.StopResponse(accepted=running)

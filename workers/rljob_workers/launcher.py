@@ -1,0 +1,172 @@
+"""Start a job's pools as Ray actors and hand the controller its handles. One code path: locally
+`ray.init()` makes a one-node cluster that advertises every pool's resource; on KubeRay the
+worker groups advertise them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from rljob.v1 import rollout_service_pb2
+from rljob_api.workercfg import Pool, WorkerConfigs, pool_resource
+
+from .actors import RewardActor, RolloutActor, TrainerActor
+from .trainer.policy import TrainSample
+
+log = logging.getLogger(__name__)
+
+
+def init_local_ray(configs: WorkerConfigs, rollout_cpus: float, reward_cpus: float, trainer_cpus: float) -> None:
+    """A local Ray cluster on 127.0.0.1 advertising enough of each pool's resource for the job."""
+    reward_max = configs.controller.reward_replicas.max
+    trainers = configs.trainer.world_size
+    rollouts = configs.controller.rollout_replicas
+    # Every actor fits even on a small machine: cores are shared, Ray only books them.
+    cpus = rollouts * rollout_cpus + reward_max * reward_cpus + trainers * trainer_cpus + 1
+    ray.init(
+        address="local",
+        num_cpus=int(cpus + 0.999),
+        resources={
+            pool_resource("rollout"): rollouts + 1,  # one spare for a replacement replica
+            pool_resource("reward"): reward_max,
+            pool_resource("trainer"): trainers,
+        },
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        configure_logging=True,
+        log_to_driver=True,
+    )
+
+
+# Workers never reach a model hub, and transformers' progress bars would flood the driver's log.
+WORKER_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TQDM_DISABLE": "1",
+}
+
+
+def _options(pool: Pool, cpus: float, gpus: int) -> dict[str, Any]:
+    return {
+        "resources": {pool_resource(pool): 1},
+        "num_cpus": cpus,
+        "num_gpus": gpus,
+        "max_restarts": 0,
+        "runtime_env": {"env_vars": WORKER_ENV},
+    }
+
+
+@dataclass
+class RayTrainer:
+    """The trainer pool: one actor per rank; the controller talks to it as one trainer."""
+
+    actors: list[Any]
+    checkpoint_root: str
+    keep: int
+    weight_address: str = ""
+    plans: bytes = b""
+
+    @classmethod
+    async def start(cls, configs: WorkerConfigs, cpus: float, resume_dir: str | None) -> RayTrainer:
+        world = configs.trainer.world_size
+        gpus = 1 if configs.trainer.gpus_per_node > 0 else 0
+        config_json = configs.trainer.model_dump_json()
+        actors = [
+            TrainerActor.options(**_options("trainer", cpus, gpus)).remote(config_json, rank, world, cpus)  # type: ignore[attr-defined]
+            for rank in range(world)
+        ]
+        address = await actors[0].dist_address.remote() if world > 1 else None
+        await asyncio.gather(*(a.setup.remote(address, resume_dir) for a in actors))
+        trainer = cls(actors, configs.trainer.checkpoint.dir, configs.trainer.checkpoint.keep)
+        trainer.weight_address = await actors[0].start_weight_service.remote()
+        return trainer
+
+    async def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
+        world = len(self.actors)
+        tokens = sum(len(s.token_ids) for s in samples)
+        shards = [samples[rank::world] for rank in range(world)]
+        results = await asyncio.gather(
+            *(a.train_step.remote(s, len(samples), tokens) for a, s in zip(self.actors, shards, strict=True))
+        )
+        return dict(results[0])
+
+    async def publish(self, version: int) -> None:
+        await asyncio.gather(*(a.publish.remote(version) for a in self.actors))
+        if not self.plans:
+            self.plans = await self.actors[0].bucket_plans.remote()
+
+    def broadcast_source(self, group_id: str) -> rollout_service_pb2.BroadcastSource:
+        source = rollout_service_pb2.BroadcastSource.FromString(self.plans)
+        source.group_id = group_id
+        return source
+
+    async def open_group(self, group_id: str, world_size: int, backend: str, timeout: float) -> tuple[str, int]:
+        host, port = await self.actors[0].open_weight_group.remote(group_id, world_size, backend, timeout)
+        return host, port
+
+    async def join_group(self) -> None:
+        await self.actors[0].join_weight_group.remote()
+
+    async def broadcast(self) -> int:
+        version: int = await self.actors[0].broadcast.remote()
+        return version
+
+    async def save_checkpoint(self, step: int, version: int, controller_state: dict[str, Any]) -> str:
+        paths = await asyncio.gather(
+            *(a.save_checkpoint.remote(self.checkpoint_root, step, controller_state, self.keep) for a in self.actors)
+        )
+        return str(paths[0])
+
+
+@dataclass
+class ActorPool:
+    """Replicas of one gRPC pool (rollout or reward) by name, with their addresses."""
+
+    pool: Pool
+    actor_class: Any
+    config_json: str
+    cpus: float
+    gpus: int
+    actors: dict[str, Any] = field(default_factory=dict)
+    addresses: dict[str, str] = field(default_factory=dict)
+    _next: int = 0
+
+    async def add(self) -> tuple[str, str]:
+        index = self._next
+        name = f"{self.pool}-{index}"
+        self._next += 1
+        options = _options(self.pool, self.cpus, self.gpus)
+        actor = self.actor_class.options(**options).remote(self.config_json, self.cpus, index)
+        address = await actor.start.remote()
+        self.actors[name], self.addresses[name] = actor, address
+        return name, address
+
+    async def stop(self, name: str) -> None:
+        actor = self.actors.pop(name)
+        self.addresses.pop(name, None)
+        try:
+            await actor.stop.remote()
+        finally:
+            ray.kill(actor)
+
+    def kill(self, name: str) -> None:
+        """Kill a replica without warning (fault injection and tests)."""
+        ray.kill(self.actors.pop(name))
+        self.addresses.pop(name, None)
+
+    async def stop_all(self) -> None:
+        await asyncio.gather(*(self.stop(n) for n in list(self.actors)), return_exceptions=True)
+
+
+def rollout_pool(configs: WorkerConfigs, cpus: float) -> ActorPool:
+    return ActorPool("rollout", RolloutActor, configs.rollout.model_dump_json(), cpus, configs.rollout.gpus)
+
+
+def reward_pool(configs: WorkerConfigs, cpus: float) -> ActorPool:
+    return ActorPool("reward", RewardActor, configs.reward.model_dump_json(), cpus, configs.reward.gpus)

@@ -1,0 +1,89 @@
+"""`rljob run`: a whole RLJob on this machine. Pools are Ray actors on a local Ray cluster; the
+controller runs here and serves its ControlService and Prometheus metrics."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+from rljob.v1 import control_service_pb2 as control_pb
+from rljob.v1 import control_service_pb2_grpc as control_grpc
+from rljob_api import RLJob, RLJobInvalid, derive_worker_configs, load_rljob
+from rljob_api.workercfg import WorkerConfigs
+
+log = logging.getLogger("rljob")
+
+
+class SetupError(RuntimeError):
+    """Something on this machine keeps the job from starting; the message says what to do."""
+
+
+def prepare(job: RLJob, steps: int | None) -> WorkerConfigs:
+    """Worker configs with local paths made absolute and checked."""
+    if steps is not None:
+        job.spec.algorithm.total_steps = steps
+    for field, value in (("spec.model.path", job.spec.model.path), ("spec.data.path", job.spec.data.path)):
+        if not Path(value).exists():
+            hint = " (make the example's with `make model`)" if "tiny-arith" in value else ""
+            raise SetupError(f"{field}: {value} does not exist{hint}")
+    job.spec.model.path = str(Path(job.spec.model.path).resolve())
+    job.spec.data.path = str(Path(job.spec.data.path).resolve())
+    job.spec.checkpoint.dir = str(Path(job.spec.checkpoint.dir).resolve())
+    return derive_worker_configs(job)
+
+
+def use_loopback_ray() -> None:
+    """Keep a local Ray cluster on 127.0.0.1 (by default Ray advertises the machine's outward IP).
+
+    Read by Ray when it is first imported, so this runs before anything imports ray."""
+    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+
+
+def run_local(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        job = load_rljob(args.file)
+        configs = prepare(job, args.steps)
+    except (RLJobInvalid, SetupError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    output = Path(args.output or Path("rljob-runs") / job.metadata.name).resolve()
+    use_loopback_ray()
+    from .local_run import LocalRun
+
+    run = LocalRun(
+        job, configs, output, resume=args.resume, display=not args.no_display, metrics_port=args.metrics_port
+    )
+    try:
+        return asyncio.run(run.main())
+    except SetupError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+
+
+async def fetch_status(address: str) -> control_pb.JobStatus:
+    from .grpc_server import channel
+
+    async with channel(address) as ch:
+        reply = await control_grpc.ControlServiceStub(ch).GetJobStatus(control_pb.GetJobStatusRequest(), timeout=10)
+        return reply.status
+
+
+def print_status(address: str) -> int:
+    import grpc
+
+    from .display import Progress
+
+    try:
+        status = asyncio.run(fetch_status(address))
+    except grpc.aio.AioRpcError as exc:
+        print(f"{address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    with contextlib.suppress(Exception):
+        Progress("status", live=False).final(status)
+    return 0

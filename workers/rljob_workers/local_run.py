@@ -1,0 +1,214 @@
+"""One local run: start the pools on Ray, wire the controller to them, show progress, clean up."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from rljob.v1 import control_service_pb2 as control_pb
+from rljob.v1 import control_service_pb2_grpc as control_grpc
+from rljob_api import RLJob
+from rljob_api.workercfg import WorkerConfigs
+
+from .controller.data import load_prompts
+from .controller.loop import Controller, RunFailed, StepReport
+from .controller.rollout_clients import RolloutClients
+from .controller.status import ControlServicer, RunView
+from .controller.weight_sync import WeightSync
+from .display import Progress
+from .grpc_server import RunningServer, Service, start_server
+from .launcher import ActorPool, RayTrainer, init_local_ray, reward_pool, rollout_pool
+from .local import SetupError
+from .metrics import JsonlWriter, RunMetrics, plot_rewards
+from .reward.router import RewardRouter
+from .trainer import checkpoint
+
+log = logging.getLogger("rljob")
+
+
+class LocalRun:
+    """Everything one `rljob run` starts, so that it can all be stopped again."""
+
+    def __init__(
+        self,
+        job: RLJob,
+        configs: WorkerConfigs,
+        output: Path,
+        *,
+        resume: bool,
+        display: bool,
+        metrics_port: int,
+        step_hook: Callable[[LocalRun, StepReport], None] | None = None,
+    ) -> None:
+        self.job, self.configs, self.output = job, configs, output
+        self.step_hook = step_hook
+        self.reports: list[StepReport] = []
+        self.resume, self.display, self.metrics_port = resume, display, metrics_port
+        spec = job.spec
+        self.cpus = {"rollout": spec.rollout.cpus, "reward": spec.reward.cpus, "trainer": spec.trainer.cpus}
+        self.rollout: ActorPool = rollout_pool(configs, spec.rollout.cpus)
+        self.reward: ActorPool = reward_pool(configs, spec.reward.cpus)
+        self.clients = RolloutClients(configs.rollout.max_concurrent_prompts)
+        self.router = RewardRouter(replica_timeout=configs.controller.reward_timeout_seconds)
+        self.control: RunningServer | None = None
+        self.view: RunView | None = None
+        self.controller: Controller | None = None
+        self.weight_sync: WeightSync | None = None
+
+    # ---- start ---------------------------------------------------------------------------
+    def _resume_dir(self) -> Path | None:
+        root = Path(self.configs.trainer.checkpoint.dir)
+        found = checkpoint.latest(root) if root.exists() else None
+        if found is None and self.resume:
+            log.info("no checkpoint under %s; starting from step 0", root)
+        if found is not None and not self.resume:
+            raise SetupError(
+                f"spec.checkpoint.dir: {root} already holds checkpoints; pass --resume to continue "
+                "from the newest, or remove the directory to start over"
+            )
+        return found
+
+    async def _start_pools(self, resume_dir: Path | None) -> RayTrainer:
+        c = self.configs
+        trainer_task = asyncio.ensure_future(
+            RayTrainer.start(c, self.cpus["trainer"], str(resume_dir) if resume_dir else None)
+        )
+        replicas = await asyncio.gather(*(self.rollout.add() for _ in range(c.controller.rollout_replicas)))
+        rewards = await asyncio.gather(*(self.reward.add() for _ in range(max(c.controller.reward_replicas.min, 1))))
+        for name, address in replicas:
+            self.clients.add(name, address)
+        for name, address in rewards:
+            await self.router.add_replica(name, address)
+        return await trainer_task
+
+    def _pool_sizes(self) -> dict[str, tuple[int, int]]:
+        c = self.configs
+        return {
+            "rollout": (c.controller.rollout_replicas, len(self.clients.live())),
+            "trainer": (c.trainer.world_size, c.trainer.world_size),
+            "reward": (max(c.controller.reward_replicas.min, 1), len(self.reward.actors)),
+        }
+
+    async def _serve_control(self, view: RunView) -> RunningServer:
+        name = control_pb.DESCRIPTOR.services_by_name["ControlService"].full_name
+        service = Service(control_grpc.add_ControlServiceServicer_to_server, ControlServicer(view), name)
+        return await start_server([service], "127.0.0.1", 0)
+
+    # ---- run -----------------------------------------------------------------------------
+    async def main(self) -> int:
+        resume_dir = self._resume_dir()
+        state = checkpoint.read_state(resume_dir) if resume_dir else {}
+        c = self.configs
+        prompts = load_prompts(
+            c.controller.data.path,
+            c.controller.data.prompt_field,
+            c.controller.data.fields,
+            c.controller.algorithm.seed,
+            c.controller.data.shuffle,
+        )
+        if state:
+            prompts.restore(state["data"])
+        init_local_ray(c, self.cpus["rollout"], self.cpus["reward"], self.cpus["trainer"])
+        try:
+            return await self._run(prompts, state, resume_dir)
+        finally:
+            await self._shutdown()
+
+    async def _run(self, prompts: Any, state: dict[str, Any], resume_dir: Path | None) -> int:
+        c = self.configs
+        started = time.monotonic()
+        trainer = await self._start_pools(resume_dir)
+        backend = c.controller.weight_sync.backend
+        if backend == "auto":
+            backend = "nccl" if c.rollout.gpus > 0 and c.trainer.gpus_per_node > 0 else "gloo"
+        self.weight_sync = WeightSync(trainer, self.clients, backend, c.controller.weight_sync.timeout_seconds)
+        version = int(state.get("policy_version", 0))
+        await trainer.publish(version)
+        if version > 0:
+            await asyncio.gather(*(self.weight_sync.catch_up(r, version) for r in self.clients.live()))
+        metrics = RunMetrics(self.job.metadata.name)
+        port = metrics.serve(self.metrics_port)
+        jsonl = JsonlWriter(self.output / "metrics.jsonl")
+        progress = Progress(self.job.metadata.name, live=self.display)
+        reports = self.reports
+
+        def on_step(report: StepReport) -> None:
+            reports.append(report)
+            if self.step_hook is not None:
+                self.step_hook(self, report)
+            metrics.update(report)
+            jsonl.write(report)
+            view.last = report
+            progress.update(view.snapshot(), step_done=True)
+
+        self.controller = Controller(
+            config=c.controller,
+            prompts=prompts,
+            rollout=self.clients,
+            scorer=self.router,
+            trainer=trainer,
+            sync_weights=self.weight_sync,
+            on_step=on_step,
+            step=int(state.get("step", 0)),
+            version=version,
+        )
+        view = self.view = RunView(
+            self.controller, c.controller.algorithm.total_steps, self._pool_sizes, stop_requested=self.controller.stop
+        )
+        self.control = await self._serve_control(view)
+        log.info(
+            "pools up in %.1fs; ControlService on 127.0.0.1:%d, metrics on http://127.0.0.1:%d/metrics",
+            time.monotonic() - started,
+            self.control.port,
+            port,
+        )
+        view.phase = control_pb.RUN_PHASE_RUNNING
+        rc = 0
+        with progress:
+            ticker = asyncio.create_task(self._tick(progress, view))
+            try:
+                await self.controller.run()
+                view.phase = control_pb.RUN_PHASE_SUCCEEDED
+            except RunFailed as exc:
+                view.phase, view.message, rc = control_pb.RUN_PHASE_FAILED, str(exc), 1
+            finally:
+                ticker.cancel()
+        progress.final(view.snapshot())
+        self._summary(rc, view, reports)
+        return rc
+
+    async def _tick(self, progress: Progress, view: RunView) -> None:
+        while True:
+            progress.update(view.snapshot(), step_done=False)
+            await asyncio.sleep(0.5)
+
+    def _summary(self, rc: int, view: RunView, reports: list[StepReport]) -> None:
+        jsonl = self.output / "metrics.jsonl"
+        lines = []
+        if rc:
+            lines.append(f"run failed: {view.message}")
+        if self.controller and self.controller.last_checkpoint:
+            lines.append(f"checkpoint:   {self.controller.last_checkpoint}")
+        if jsonl.exists() and reports:
+            lines.append(f"metrics:      {jsonl}")
+            lines.append(f"reward curve: {plot_rewards(jsonl, self.output / 'reward-curve.png')}")
+        print("\n".join(lines), flush=True)
+
+    async def _shutdown(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.control is not None:
+                await self.control.stop(None)
+        with contextlib.suppress(Exception):
+            await self.router.close()
+        with contextlib.suppress(Exception):
+            await self.clients.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(self.rollout.stop_all(), self.reward.stop_all()), 30)
+        ray.shutdown()

@@ -1,0 +1,117 @@
+"""Run metrics: Prometheus gauges and counters, and one JSON line per train step."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from .controller.loop import Counts, StepReport
+
+COUNT_HELP = {
+    "generated": "Completions received from rollout",
+    "scored": "Samples with a reward",
+    "trained": "Samples used by a train step",
+    "discarded_stale": "Samples older than maxStaleness (their prompts are regenerated)",
+    "excluded_reward_error": "Samples excluded after a reward error (onError: exclude)",
+    "lost_replica": "Samples regenerated after their rollout replica was lost",
+    "reward_retries": "Reward calls retried after an error",
+}
+
+
+class RunMetrics:
+    """Prometheus metrics of one run, updated from each StepReport."""
+
+    def __init__(self, job: str) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"job_name": job}
+        self.labels = labels
+        self.step = Gauge("rljob_step", "Train steps completed", list(labels), registry=self.registry)
+        self.version = Gauge("rljob_policy_version", "Policy version published", list(labels), registry=self.registry)
+        self.reward = Gauge("rljob_reward_mean", "Mean reward of the last batch", list(labels), registry=self.registry)
+        self.staleness = Gauge(
+            "rljob_staleness_mean", "Mean staleness of the last batch", list(labels), registry=self.registry
+        )
+        self.step_seconds = Gauge(
+            "rljob_step_seconds", "Seconds of the last train step", list(labels), registry=self.registry
+        )
+        self.trainer_wait = Gauge(
+            "rljob_trainer_wait_seconds",
+            "Seconds the trainer waited for its last batch",
+            list(labels),
+            registry=self.registry,
+        )
+        self.samples = Counter(
+            "rljob_samples", "Samples by what happened to them", [*labels, "outcome"], registry=self.registry
+        )
+        self._seen = Counts()
+
+    def serve(self, port: int, host: str = "127.0.0.1") -> int:
+        """Serve /metrics; port 0 picks a free one. Returns the port."""
+        server, _ = start_http_server(port, addr=host, registry=self.registry)
+        return int(server.server_address[1])
+
+    def update(self, report: StepReport) -> None:
+        self.step.labels(**self.labels).set(report.step)
+        self.version.labels(**self.labels).set(report.version)
+        self.reward.labels(**self.labels).set(report.reward_mean)
+        self.staleness.labels(**self.labels).set(report.staleness_mean)
+        self.step_seconds.labels(**self.labels).set(report.step_seconds)
+        self.trainer_wait.labels(**self.labels).set(report.wait_seconds)
+        for outcome in COUNT_HELP:
+            delta = getattr(report.counts, outcome) - getattr(self._seen, outcome)
+            if delta > 0:
+                self.samples.labels(**self.labels, outcome=outcome).inc(delta)
+        self._seen = report.counts
+
+
+def report_record(report: StepReport) -> dict[str, Any]:
+    """One JSON-able line of metrics.jsonl."""
+    record = asdict(report)
+    record["counts"] = asdict(report.counts)
+    return record
+
+
+class JsonlWriter:
+    """Appends one JSON line per step (append: a resumed run continues the same file)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+
+    def write(self, report: StepReport) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(report_record(report)) + "\n")
+
+
+def plot_rewards(jsonl: Path, png: Path) -> Path:
+    """The reward curve of a run (mean and std band per step) as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
+    steps = [r["step"] for r in rows]
+    mean = [r["reward_mean"] for r in rows]
+    std = [r["reward_std"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, mean, label="mean reward")
+    ax.fill_between(
+        steps,
+        [m - s for m, s in zip(mean, std, strict=True)],
+        [m + s for m, s in zip(mean, std, strict=True)],
+        alpha=0.2,
+    )
+    ax.set_xlabel("train step")
+    ax.set_ylabel("reward")
+    ax.set_title(png.stem)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png

@@ -1,0 +1,1 @@
+"""Local model generators for tests and development, needing no download."""

@@ -1,0 +1,199 @@
+"""Rule reward functions: load them by `module.path:function`, call them, check and weight their scores.
+
+A function is called as ``fn(prompt=..., completion=..., **fields)`` with the sample's data
+fields, and returns a number (bools count as 0/1). It may be sync or async. A result that
+is not a finite number, an exception or a timeout becomes an error result naming the
+sample and the function: never a silent score of 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import importlib
+import inspect
+import math
+import numbers
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from rljob.v1 import sample_pb2
+from rljob_api.reward import RewardFunction
+
+# A reward function returns a number, or an awaitable of one.
+RewardCallable = Callable[..., Any]
+
+# Keyword arguments the caller fills in itself; a data field with one of these names is dropped
+# (datasets commonly keep the prompt as a field too) instead of failing every call with a TypeError.
+RESERVED_ARGS = frozenset({"prompt", "completion"})
+
+# Sync functions run in a thread pool so that one slow function does not stall the event loop.
+DEFAULT_MAX_WORKERS = 32
+
+INVALID = sample_pb2.ERROR_CLASS_INVALID
+FUNCTION = sample_pb2.ERROR_CLASS_FUNCTION
+TRANSIENT = sample_pb2.ERROR_CLASS_TRANSIENT
+
+_MISSING = object()
+
+
+class RewardConfigError(ValueError):
+    """A reward function that cannot be loaded, or whose kind this server does not run."""
+
+
+def load_function(name: str, ref: str) -> RewardCallable:
+    """Import ``module.path:function``; errors name the reward function and the path."""
+    module_path, sep, attr = ref.partition(":")
+    if not sep or not module_path or not attr:
+        raise RewardConfigError(f"reward function {name!r}: {ref!r} is not of the form module.path:function")
+    try:
+        module = importlib.import_module(module_path)
+    except Exception as exc:  # any import-time failure of user code is a config error
+        raise RewardConfigError(
+            f"reward function {name!r}: cannot import module {module_path!r} of {ref!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    fn = getattr(module, attr, _MISSING)
+    if fn is _MISSING:
+        raise RewardConfigError(f"reward function {name!r}: module {module_path!r} has no attribute {attr!r} ({ref!r})")
+    if not callable(fn):
+        raise RewardConfigError(f"reward function {name!r}: {ref!r} is a {type(fn).__name__}, not a callable")
+    return fn  # type: ignore[no-any-return]
+
+
+def error_score(
+    sample_id: str, error_class: int, message: str, function: str = "", latency: float = 0.0
+) -> sample_pb2.SampleScore:
+    """A SampleScore that carries an error instead of a score."""
+    error = sample_pb2.ScoreError(error_class=error_class, message=message, function=function)  # type: ignore[arg-type]
+    return sample_pb2.SampleScore(sample_id=sample_id, error=error, latency_seconds=latency)
+
+
+def _is_async(fn: RewardCallable) -> bool:
+    # Callable objects with an async __call__ count too.
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
+
+
+@dataclass(frozen=True)
+class WeightedFunction:
+    """One loaded reward function, its name (in components and errors) and its weight in the sum."""
+
+    name: str
+    fn: RewardCallable
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """One function's result on one sample: a value or an error."""
+
+    value: float | None = None
+    error: sample_pb2.ScoreError | None = None
+
+
+def _failure(error_class: int, message: str, function: str) -> _Outcome:
+    return _Outcome(error=sample_pb2.ScoreError(error_class=error_class, message=message, function=function))  # type: ignore[arg-type]
+
+
+def _check_value(value: object, name: str, sample_id: str) -> _Outcome:
+    """A usable score, or a FUNCTION error saying what was wrong with the value."""
+    if not isinstance(value, numbers.Real):
+        shown = repr(value)[:80]
+        return _failure(
+            FUNCTION,
+            f"reward function {name!r} returned {type(value).__name__} {shown} for sample {sample_id!r}, not a number",
+            name,
+        )
+    number = float(value)
+    if not math.isfinite(number):
+        return _failure(FUNCTION, f"reward function {name!r} returned {number} for sample {sample_id!r}", name)
+    return _Outcome(value=number)
+
+
+class RewardFunctionSet:
+    """The job's reward functions: each sample's score is their weighted sum, with per-function components."""
+
+    def __init__(
+        self, functions: Sequence[WeightedFunction], timeout_seconds: float, *, max_workers: int = DEFAULT_MAX_WORKERS
+    ) -> None:
+        if not functions:
+            raise RewardConfigError("a reward function set needs at least one function")
+        names = [f.name for f in functions]
+        if len(set(names)) != len(names):
+            raise RewardConfigError(f"reward function names must be unique, got {names}")
+        if timeout_seconds <= 0:
+            raise RewardConfigError(f"timeout_seconds must be positive, got {timeout_seconds}")
+        self.functions = list(functions)
+        self.timeout_seconds = timeout_seconds
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="reward-fn")
+
+    @classmethod
+    def from_spec(
+        cls, functions: Sequence[RewardFunction], timeout_seconds: float, *, max_workers: int = DEFAULT_MAX_WORKERS
+    ) -> RewardFunctionSet:
+        """Load the job's functions; kinds other than `rule` are refused here, naming the function."""
+        loaded = []
+        for spec in functions:
+            if spec.kind != "rule" or spec.rule is None:
+                raise RewardConfigError(
+                    f"reward function {spec.name!r}: kind {spec.kind!r} is not supported by this server yet"
+                )
+            loaded.append(WeightedFunction(spec.name, load_function(spec.name, spec.rule.function), spec.weight))
+        return cls(loaded, timeout_seconds, max_workers=max_workers)
+
+    @property
+    def names(self) -> list[str]:
+        return [f.name for f in self.functions]
+
+    async def score(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore:
+        """Score one sample with every function concurrently; never raises for a function's failure."""
+        start = time.perf_counter()
+        outcomes = await asyncio.gather(*(self._call(f, sample) for f in self.functions))
+        result = sample_pb2.SampleScore(sample_id=sample.sample_id)
+        for function, outcome in zip(self.functions, outcomes, strict=True):
+            if outcome.value is not None:
+                result.components[function.name] = outcome.value
+        errors = [o.error for o in outcomes if o.error is not None]
+        if errors:
+            # The first failing function in job order is reported; the controller retries the whole sample.
+            result.error.CopyFrom(errors[0])
+        else:
+            total = math.fsum(f.weight * result.components[f.name] for f in self.functions)
+            if math.isfinite(total):
+                result.score = total
+            else:
+                message = f"weighted sum of sample {sample.sample_id!r} is {total}"
+                result.error.CopyFrom(sample_pb2.ScoreError(error_class=FUNCTION, message=message))
+        result.latency_seconds = time.perf_counter() - start
+        return result
+
+    async def _call(self, function: WeightedFunction, sample: sample_pb2.RewardSample) -> _Outcome:
+        kwargs: dict[str, Any] = {k: v for k, v in sample.fields.items() if k not in RESERVED_ARGS}
+        kwargs.update(prompt=sample.prompt, completion=sample.completion)
+        name, sample_id = function.name, sample.sample_id
+        try:
+            value = await asyncio.wait_for(self._invoke(function.fn, kwargs), self.timeout_seconds)
+        except asyncio.TimeoutError:
+            # A sync function keeps its thread until it returns: Python cannot interrupt it.
+            message = f"reward function {name!r} timed out after {self.timeout_seconds:g}s on sample {sample_id!r}"
+            return _failure(TRANSIENT, message, name)
+        except Exception as exc:
+            message = f"reward function {name!r} raised {type(exc).__name__} on sample {sample_id!r}: {exc}"
+            return _failure(FUNCTION, message, name)
+        return _check_value(value, name, sample_id)
+
+    async def _invoke(self, fn: RewardCallable, kwargs: dict[str, Any]) -> object:
+        if _is_async(fn):
+            result = fn(**kwargs)
+        else:
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(self._executor, functools.partial(fn, **kwargs))
+        if inspect.isawaitable(result):  # e.g. a sync wrapper that returns a coroutine
+            result = await result
+        return result
+
+    def close(self) -> None:
+        """Release the thread pool without waiting for functions still running (they cannot be stopped)."""
+        self._executor.shutdown(wait=False, cancel_futures=True)

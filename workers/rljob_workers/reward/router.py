@@ -1,0 +1,308 @@
+"""The controller's client of the reward pool: one Score stream per replica, least-outstanding routing.
+
+Each `score()` call owns its sample from start to answer: it reserves a slot on the accepting
+replica with the fewest outstanding samples (ties: lower latency), writes the sample on that
+replica's stream and awaits the answer. When a replica's stream dies, every sample
+outstanding on it is failed over to `score()`, which sends it again, elsewhere; a refusal
+(`is_refusal`: not computed) is sent again too. Because one coroutine owns each sample and a
+sample is outstanding on one replica at a time, each sample gets exactly one answer; an
+answer nobody awaits any more (a buggy server answering twice, or a caller that gave up) is
+dropped and counted.
+
+Retries of failed scores and the job's onError policy are the controller's business: `score`
+returns the SampleScore, error or not, and raises only when no replica takes the sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
+
+from ..grpc_server import channel
+from .functions import INVALID, TRANSIENT, error_score
+from .server import UNAVAILABLE_PREFIX, is_refusal
+
+# Weight of the newest observation in a replica's latency average.
+EWMA_ALPHA = 0.3
+# Used when a replica's Info reports no limit (0): a generous bound that still keeps one replica from taking all.
+DEFAULT_MAX_IN_FLIGHT = 64
+
+
+class NoReplicaError(TimeoutError):
+    """No reward replica could take a sample within the router's replica timeout."""
+
+
+class ReplicaUnavailableError(ConnectionError):
+    """A replica being added did not answer Info."""
+
+
+class _ReplicaLost(Exception):
+    """The replica's stream died with the sample outstanding on it."""
+
+
+@dataclass
+class _InFlight:
+    future: asyncio.Future[sample_pb2.SampleScore]
+    sent_at: float = field(default_factory=time.monotonic)
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    """One replica as the router sees it."""
+
+    address: str
+    outstanding: int
+    max_in_flight: int
+    latency_ewma_seconds: float | None
+    scored: int
+    draining: bool
+
+
+@dataclass(frozen=True)
+class RouterStats:
+    """Per-replica load, and totals of re-sent and dropped samples."""
+
+    replicas: dict[str, ReplicaStats]
+    requeued: int
+    refused: int
+    duplicates_dropped: int
+    waiting: int
+
+
+class _Replica:
+    def __init__(self, name: str, address: str, ch: grpc.aio.Channel, max_in_flight: int) -> None:
+        self.name, self.address, self.channel, self.max_in_flight = name, address, ch, max_in_flight
+        self.call = reward_service_pb2_grpc.RewardServiceStub(ch).Score()
+        self.outstanding: dict[str, _InFlight] = {}
+        self.write_lock = asyncio.Lock()
+        self.latency: float | None = None
+        self.scored = 0
+        self.alive = True
+        self.draining = False
+        self.reader: asyncio.Task[None] | None = None
+
+    @property
+    def has_room(self) -> bool:
+        return self.alive and not self.draining and len(self.outstanding) < self.max_in_flight
+
+    def observe(self, seconds: float) -> None:
+        self.latency = seconds if self.latency is None else EWMA_ALPHA * seconds + (1 - EWMA_ALPHA) * self.latency
+        self.scored += 1
+
+    def stats(self) -> ReplicaStats:
+        return ReplicaStats(
+            self.address, len(self.outstanding), self.max_in_flight, self.latency, self.scored, self.draining
+        )
+
+
+class RewardRouter:
+    """Routes samples to reward replicas over long-lived Score streams."""
+
+    def __init__(self, *, replica_timeout: float = 60.0, max_resends: int = 2, info_timeout: float = 10.0) -> None:
+        self.replica_timeout = replica_timeout
+        # A sample that has killed (or been lost with) this many replicas is answered with an error
+        # instead: a poison sample must not take down the whole pool one replica at a time.
+        self.max_resends = max_resends
+        self.info_timeout = info_timeout
+        self._replicas: dict[str, _Replica] = {}
+        self._pending: set[str] = set()
+        self._changed = asyncio.Event()
+        self._closed = False
+        self._waiting = 0
+        self.requeued = 0
+        self.refused = 0
+        self.duplicates_dropped = 0
+
+    async def add_replica(self, name: str, address: str, *, max_in_flight: int | None = None) -> None:
+        """Open a Score stream to `address`; its limit comes from Info unless given."""
+        if name in self._replicas:
+            raise ValueError(f"reward replica {name!r} is already in the router")
+        ch = channel(address)
+        try:
+            info = await reward_service_pb2_grpc.RewardServiceStub(ch).Info(
+                reward_service_pb2.InfoRequest(), timeout=self.info_timeout
+            )
+        except grpc.aio.AioRpcError as exc:
+            await ch.close(None)
+            raise ReplicaUnavailableError(
+                f"reward replica {name!r} at {address}: Info failed: {exc.code().name}: {exc.details()}"
+            ) from exc
+        replica = _Replica(name, address, ch, max_in_flight or info.max_in_flight or DEFAULT_MAX_IN_FLIGHT)
+        replica.reader = asyncio.create_task(self._read(replica), name=f"reward-router-{name}")
+        self._replicas[name] = replica
+        self._notify()
+
+    async def remove_replica(self, name: str, timeout: float | None = None) -> None:
+        """Drain a replica: no new samples; in-flight ones finish (or, after `timeout`, go elsewhere)."""
+        replica = self._replicas.get(name)
+        if replica is None:
+            return
+        replica.draining = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while replica.outstanding and replica.alive:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                self._lose(replica, f"drain timed out after {timeout:g}s")
+                break
+            await self._wait_changed(self._changed, remaining)
+        if replica.alive:
+            async with replica.write_lock:
+                with contextlib.suppress(Exception):
+                    await replica.call.done_writing()
+        if replica.reader is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await replica.reader
+
+    async def score(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore:
+        """The sample's SampleScore (error or not); raises NoReplicaError if no replica takes it in time."""
+        sid = sample.sample_id
+        if not sid:
+            return error_score(sid, INVALID, "sample has an empty sample_id")
+        if sid in self._pending:
+            return error_score(sid, INVALID, f"sample {sid!r} is already being scored by this router")
+        self._pending.add(sid)
+        try:
+            return await self._route(sample)
+        finally:
+            self._pending.discard(sid)
+
+    async def _route(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore:
+        sid = sample.sample_id
+        losses = refusals = 0
+        while True:
+            replica, entry = await self._acquire(sid)
+            try:
+                result = await self._send(replica, sample, entry)
+            except _ReplicaLost as lost:
+                losses += 1
+                if losses > self.max_resends:
+                    message = f"sample {sid!r} was lost with {losses} reward replicas; last: {lost}"
+                    return error_score(sid, TRANSIENT, message)
+                self.requeued += 1
+                continue
+            if is_refusal(result) and refusals < self.max_resends:
+                refusals += 1
+                self.refused += 1
+                if result.error.message.startswith(UNAVAILABLE_PREFIX):
+                    replica.draining = True  # it will refuse everything from now on
+                continue
+            return result
+
+    async def _acquire(self, sid: str) -> tuple[_Replica, _InFlight]:
+        """Reserve a slot on the best replica, waiting for one; the wait is bounded only while there is none."""
+        deadline: float | None = None
+        self._waiting += 1
+        try:
+            while True:
+                if self._closed:
+                    raise RuntimeError(f"reward router is closed; sample {sid!r} was not scored")
+                changed = self._changed
+                replica = self._pick()
+                if replica is not None:
+                    # Reserved before any await, so concurrent callers see the new outstanding count.
+                    entry = _InFlight(asyncio.get_running_loop().create_future())
+                    replica.outstanding[sid] = entry
+                    return replica, entry
+                if any(r.alive and not r.draining for r in self._replicas.values()):
+                    await changed.wait()  # replicas exist but are full: a slot frees when an answer comes
+                    continue
+                deadline = deadline or time.monotonic() + self.replica_timeout
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise NoReplicaError(
+                        f"no reward replica could take sample {sid!r} within {self.replica_timeout:g}s"
+                    )
+                await self._wait_changed(changed, remaining)
+        finally:
+            self._waiting -= 1
+
+    def _pick(self) -> _Replica | None:
+        candidates = [r for r in self._replicas.values() if r.has_room]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda r: (len(r.outstanding), r.latency or 0.0))
+
+    async def _send(
+        self, replica: _Replica, sample: sample_pb2.RewardSample, entry: _InFlight
+    ) -> sample_pb2.SampleScore:
+        try:
+            try:
+                async with replica.write_lock:
+                    await replica.call.write(reward_service_pb2.ScoreRequest(sample=sample))
+                entry.sent_at = time.monotonic()
+            except Exception as exc:  # a dead or half-closed stream; the reader may not have noticed yet
+                self._lose(replica, f"write failed: {type(exc).__name__}: {exc}")
+            return await entry.future
+        finally:
+            if replica.outstanding.get(sample.sample_id) is entry:  # the caller gave up (cancelled)
+                del replica.outstanding[sample.sample_id]
+                self._notify()
+
+    async def _read(self, replica: _Replica) -> None:
+        reason = "stream closed by the replica"
+        try:
+            async for response in replica.call:
+                self._deliver(replica, response.score)
+        except grpc.aio.AioRpcError as exc:
+            reason = f"stream failed: {exc.code().name}: {exc.details()}"
+        finally:
+            self._lose(replica, reason)
+            await replica.channel.close(None)
+
+    def _deliver(self, replica: _Replica, score: sample_pb2.SampleScore) -> None:
+        entry = replica.outstanding.pop(score.sample_id, None)
+        if entry is None or entry.future.done():
+            self.duplicates_dropped += 1
+            return
+        replica.observe(time.monotonic() - entry.sent_at)
+        entry.future.set_result(score)
+        self._notify()
+
+    def _lose(self, replica: _Replica, reason: str) -> None:
+        """Take a replica out and fail its outstanding samples over to their `score()` calls."""
+        if not replica.alive:
+            return
+        replica.alive = False
+        if self._replicas.get(replica.name) is replica:
+            del self._replicas[replica.name]
+        replica.call.cancel()
+        for entry in replica.outstanding.values():
+            if not entry.future.done():
+                entry.future.set_exception(
+                    _ReplicaLost(f"reward replica {replica.name!r} at {replica.address}: {reason}")
+                )
+        replica.outstanding.clear()
+        self._notify()
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    @staticmethod
+    async def _wait_changed(changed: asyncio.Event, timeout: float | None) -> None:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(changed.wait(), timeout)
+
+    def stats(self) -> RouterStats:
+        """Outstanding and latency per replica; samples re-sent, refused, dropped and waiting."""
+        return RouterStats(
+            replicas={name: r.stats() for name, r in self._replicas.items()},
+            requeued=self.requeued,
+            refused=self.refused,
+            duplicates_dropped=self.duplicates_dropped,
+            waiting=self._waiting,
+        )
+
+    async def close(self) -> None:
+        """Close every stream; samples still waiting raise RuntimeError."""
+        self._closed = True
+        replicas = list(self._replicas.values())
+        for replica in replicas:
+            self._lose(replica, "router closed")
+        await asyncio.gather(*(r.reader for r in replicas if r.reader is not None), return_exceptions=True)

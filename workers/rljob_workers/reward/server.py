@@ -1,0 +1,284 @@
+"""The RewardService server: samples stream in, each is scored concurrently, answered as it finishes.
+
+Refusals on the Score stream are answered per sample, not by aborting the call, so that one
+refused sample does not take down the stream and every other sample in flight on it:
+
+- an empty sample_id, or one already in flight on the stream: an INVALID error;
+- more than ``max_in_flight`` samples in flight on the stream: a TRANSIENT error whose
+  message starts with ``RESOURCE_EXHAUSTED:`` and names the sample (the contract's
+  "refused with RESOURCE_EXHAUSTED naming the sample");
+- a sample that arrives while the replica drains: a TRANSIENT error starting ``UNAVAILABLE:``.
+
+Both refusal prefixes mean "not computed, send it elsewhere" (see `is_refusal`); the router
+re-sends such samples instead of counting them as failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import signal
+from collections.abc import AsyncIterator
+from importlib import metadata
+
+import grpc
+
+from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
+from rljob_api.workercfg import RewardWorkerConfig
+
+from ..grpc_server import RunningServer, Service, start_server
+from .functions import INVALID, TRANSIENT, RewardCallable, RewardFunctionSet, WeightedFunction, error_score
+
+SERVICE_NAME = reward_service_pb2.DESCRIPTOR.services_by_name["RewardService"].full_name
+RESOURCE_EXHAUSTED_PREFIX = "RESOURCE_EXHAUSTED:"
+UNAVAILABLE_PREFIX = "UNAVAILABLE:"
+
+
+def _version() -> str:
+    try:
+        return metadata.version("rljob")
+    except metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def is_refusal(score: sample_pb2.SampleScore) -> bool:
+    """True for a sample the server declined without computing it (safe to send to another replica)."""
+    return (
+        score.HasField("error")
+        and score.error.error_class == TRANSIENT
+        and score.error.message.startswith((RESOURCE_EXHAUSTED_PREFIX, UNAVAILABLE_PREFIX))
+    )
+
+
+class _ScoreStream:
+    """State of one Score call: samples in flight on it and the answers waiting to be sent."""
+
+    def __init__(self, servicer: RewardServicer) -> None:
+        self.servicer = servicer
+        self.in_flight: dict[str, asyncio.Task[None]] = {}
+        self.answers: asyncio.Queue[sample_pb2.SampleScore | None] = asyncio.Queue()
+
+    async def read(self, requests: AsyncIterator[reward_service_pb2.ScoreRequest]) -> None:
+        """Accept samples until the client half-closes, then wait for the in-flight ones."""
+        try:
+            async for request in requests:
+                self.accept(request.sample)
+        except Exception:  # the client broke the stream: nobody is left to answer
+            self.cancel()
+        else:
+            # Reading is over, so no task is added while these are awaited.
+            await asyncio.gather(*self.in_flight.values(), return_exceptions=True)
+        finally:
+            self.answers.put_nowait(None)
+
+    def accept(self, sample: sample_pb2.RewardSample) -> None:
+        refusal = self.servicer.refusal(sample, self.in_flight)
+        if refusal is not None:
+            self.answers.put_nowait(refusal)
+            return
+        self.servicer.begin()
+        self.in_flight[sample.sample_id] = asyncio.create_task(self.score(sample))
+
+    async def score(self, sample: sample_pb2.RewardSample) -> None:
+        try:
+            result = await self.servicer.score_one(sample)
+        finally:
+            self.in_flight.pop(sample.sample_id, None)
+            self.servicer.end()
+        self.answers.put_nowait(result)
+
+    def cancel(self) -> None:
+        for task in self.in_flight.values():
+            task.cancel()
+
+
+class RewardServicer(reward_service_pb2_grpc.RewardServiceServicer):
+    """rljob.v1.RewardService over a RewardFunctionSet, with per-stream limits and drain."""
+
+    def __init__(
+        self,
+        functions: RewardFunctionSet,
+        *,
+        name: str,
+        max_in_flight: int,
+        max_batch_size: int | None = None,
+        version: str | None = None,
+    ) -> None:
+        self.functions = functions
+        self.name = name
+        self.max_in_flight = max_in_flight
+        self.max_batch_size = max_batch_size or max_in_flight
+        self.version = version or _version()
+        self.draining = False
+        self._active = 0  # samples being scored, over every stream and batch
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    def begin(self) -> None:
+        self._active += 1
+        self._idle.clear()
+
+    def end(self) -> None:
+        self._active -= 1
+        if self._active == 0:
+            self._idle.set()
+
+    async def score_one(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore:
+        try:
+            return await self.functions.score(sample)
+        except Exception as exc:  # a bug here must still answer the sample, per the contract
+            return error_score(
+                sample.sample_id, TRANSIENT, f"reward server failed on sample {sample.sample_id!r}: {exc}"
+            )
+
+    def refusal(
+        self, sample: sample_pb2.RewardSample, in_flight: dict[str, asyncio.Task[None]]
+    ) -> sample_pb2.SampleScore | None:
+        """The error answer for a sample this stream will not score, or None to score it."""
+        sid = sample.sample_id
+        if not sid:
+            return error_score(sid, INVALID, "sample has an empty sample_id")
+        if sid in in_flight:
+            return error_score(sid, INVALID, f"sample {sid!r} is already in flight on this stream")
+        if self.draining:
+            return error_score(sid, TRANSIENT, f"{UNAVAILABLE_PREFIX} sample {sid!r} refused: reward replica draining")
+        if len(in_flight) >= self.max_in_flight:
+            message = (
+                f"{RESOURCE_EXHAUSTED_PREFIX} sample {sid!r} refused: {len(in_flight)} samples already in flight "
+                f"on this stream (max_in_flight {self.max_in_flight})"
+            )
+            return error_score(sid, TRANSIENT, message)
+        return None
+
+    async def Score(
+        self,
+        request_iterator: AsyncIterator[reward_service_pb2.ScoreRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[reward_service_pb2.ScoreResponse]:
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"reward replica {self.name!r} is draining")
+        stream = _ScoreStream(self)
+        reader = asyncio.create_task(stream.read(request_iterator))
+        try:
+            while (score := await stream.answers.get()) is not None:
+                yield reward_service_pb2.ScoreResponse(score=score)
+        finally:
+            # The client went away or the server stops: nobody is left to receive these answers.
+            reader.cancel()
+            stream.cancel()
+
+    async def ScoreBatch(
+        self, request: reward_service_pb2.ScoreBatchRequest, context: grpc.aio.ServicerContext
+    ) -> reward_service_pb2.ScoreBatchResponse:
+        samples = list(request.samples)
+        if self.draining:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, f"reward replica {self.name!r} is draining")
+        if len(samples) > self.max_batch_size:
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"batch of {len(samples)} samples is over max_batch_size {self.max_batch_size}",
+            )
+        seen: set[str] = set()
+        for i, sample in enumerate(samples):
+            if not sample.sample_id:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"samples[{i}] has an empty sample_id")
+            if sample.sample_id in seen:
+                await context.abort(
+                    grpc.StatusCode.INVALID_ARGUMENT, f"samples[{i}]: duplicate sample_id {sample.sample_id!r}"
+                )
+            seen.add(sample.sample_id)
+        for _ in samples:
+            self.begin()
+        try:
+            scores = await asyncio.gather(*(self.score_one(s) for s in samples))
+        finally:
+            for _ in samples:
+                self.end()
+        return reward_service_pb2.ScoreBatchResponse(scores=scores)
+
+    async def Info(
+        self, request: reward_service_pb2.InfoRequest, context: grpc.aio.ServicerContext
+    ) -> reward_service_pb2.InfoResponse:
+        # Rule functions declare no bounds, so the range is unbounded; finiteness is still enforced.
+        return reward_service_pb2.InfoResponse(
+            name=self.name,
+            version=self.version,
+            max_batch_size=self.max_batch_size,
+            max_in_flight=self.max_in_flight,
+            min_score=-math.inf,
+            max_score=math.inf,
+            functions=self.functions.names,
+        )
+
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Refuse new streams and samples, wait for in-flight ones; True if all finished in time."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+
+async def start_reward_server(
+    functions: RewardFunctionSet, *, name: str, max_in_flight: int, host: str = "127.0.0.1", port: int = 0
+) -> tuple[RunningServer, RewardServicer]:
+    """Serve `functions` as a RewardService (plus health and reflection); port 0 picks a free port."""
+    servicer = RewardServicer(functions, name=name, max_in_flight=max_in_flight)
+    service = Service(reward_service_pb2_grpc.add_RewardServiceServicer_to_server, servicer, SERVICE_NAME)
+    return await start_server([service], host, port), servicer
+
+
+async def serve_reward(
+    config: RewardWorkerConfig, host: str = "127.0.0.1", port: int = 0
+) -> tuple[RunningServer, RewardServicer]:
+    """Start a reward replica from its worker config (the Ray launcher's entry point).
+
+    To retire it: ``await running.set_serving(False); await servicer.drain(t); await running.stop()``,
+    then ``servicer.functions.close()`` to release its thread pool.
+    """
+    functions = RewardFunctionSet.from_spec(config.functions, config.timeout_seconds)
+    name = "+".join(functions.names)
+    return await start_reward_server(functions, name=name, max_in_flight=config.max_in_flight, host=host, port=port)
+
+
+async def _serve_until_signalled(
+    fn: RewardCallable, name: str, host: str, port: int, timeout_seconds: float, max_in_flight: int
+) -> None:
+    functions = RewardFunctionSet([WeightedFunction(name, fn)], timeout_seconds)
+    running, servicer = await start_reward_server(
+        functions, name=name, max_in_flight=max_in_flight, host=host, port=port
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+            loop.add_signal_handler(signum, stop.set)
+    print(f"reward {name!r} serving on {host}:{running.port}", flush=True)
+    try:
+        await stop.wait()
+        # A signalled stop drains: samples in flight are answered before the server goes.
+        await running.set_serving(False)
+        await servicer.drain(timeout_seconds)
+    finally:
+        await running.stop(grace=1.0)
+        functions.close()
+
+
+def serve_function(
+    fn: RewardCallable,
+    *,
+    name: str,
+    port: int = 50052,
+    host: str = "0.0.0.0",
+    timeout_seconds: float = 60.0,
+    max_in_flight: int = 64,
+) -> None:
+    """Serve a plain function ``fn(prompt, completion, **fields) -> float`` (sync or async) as a RewardService.
+
+    Blocks until SIGINT or SIGTERM, then drains. Binds every interface by default, since the
+    point is to be reached by a job's `remote` reward; port 0 picks a free port (printed).
+    """
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve_until_signalled(fn, name, host, port, timeout_seconds, max_in_flight))

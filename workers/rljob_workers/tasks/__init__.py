@@ -1,0 +1,1 @@
+"""Built-in tasks: prompt generators and their rule rewards, needing no download."""

@@ -1,0 +1,1 @@
+"""Training math and loops: losses, advantages, log-probs."""

@@ -1,0 +1,231 @@
+"""GRPO as pure tensor functions: advantages, log-probs, the clipped surrogate and KL.
+
+Shapes: ``B`` sequences (completions), ``T`` completion tokens, ``V`` vocabulary.
+Per-token tensors are ``[B, T]`` and come with a ``mask`` of the same shape (1 for a real
+completion token, 0 for padding); masked positions may hold anything, even ``-inf``,
+and never reach a result or a gradient.
+
+Nothing here holds state, reads config or touches a device it was not given, so the
+trainer, the tests and the benchmarks share one definition of the loss.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+Aggregation = Literal["token-mean", "sequence-mean"]
+KLKind = Literal["k1", "k2", "k3"]
+
+# exp() of a log-ratio beyond this overflows float32 long before it means anything;
+# clamping keeps one wild token from turning a whole batch's loss into inf.
+_MAX_LOG_RATIO = 20.0
+
+
+def group_advantages(
+    rewards: Tensor,
+    group_ids: Tensor | None = None,
+    *,
+    eps: float = 1e-6,
+    scale_by_std: bool = True,
+) -> Tensor:
+    """Group-relative advantages: ``(r - mean(group)) / (std(group) + eps)``.
+
+    ``rewards`` is either ``[G, n]`` (G groups of n completions of one prompt each) or
+    flat ``[N]`` with ``group_ids`` ``[N]`` naming each sample's group (groups may then
+    differ in size, as when some samples were dropped). The result has the shape of
+    ``rewards``.
+
+    The std is the population std (divide by n, not n - 1): a group of one then has
+    advantage 0 rather than NaN, and a group's advantages have unit variance.
+    ``scale_by_std=False`` gives the unscaled Dr. GRPO form ``r - mean``.
+    A group whose rewards are all equal carries no signal and gets exactly 0, even
+    where float rounding would leave ``r - mean`` a hair off zero.
+    """
+    r = rewards.float()
+    if group_ids is None:
+        if r.dim() != 2:
+            raise ValueError(f"rewards must be [G, n] without group_ids, got {tuple(r.shape)}")
+        mean = r.mean(dim=1, keepdim=True)
+        std = r.std(dim=1, correction=0, keepdim=True)
+        flat = (r.amax(dim=1, keepdim=True) == r.amin(dim=1, keepdim=True)).expand_as(r)
+    else:
+        if r.dim() != 1 or group_ids.shape != r.shape:
+            raise ValueError("flat rewards and group_ids must both be [N]")
+        mean, std, flat = _group_stats(r, group_ids)
+    adv = r - mean
+    if scale_by_std:
+        adv = adv / (std + eps)
+    return adv.masked_fill(flat, 0.0)
+
+
+def _group_stats(r: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-sample mean, population std and all-equal flag of each sample's group."""
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    zeros = r.new_zeros(n_groups)
+    count = zeros.scatter_add(0, inverse, torch.ones_like(r))
+    mean = zeros.scatter_add(0, inverse, r) / count
+    sq_dev = (r - mean[inverse]) ** 2
+    std = (zeros.scatter_add(0, inverse, sq_dev) / count).sqrt()
+    hi = zeros.scatter_reduce(0, inverse, r, reduce="amax", include_self=False)
+    lo = zeros.scatter_reduce(0, inverse, r, reduce="amin", include_self=False)
+    return mean[inverse], std[inverse], (hi == lo)[inverse]
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
+    """Mean of ``x`` over positions where ``mask`` is non-zero (``mask`` may weight them).
+
+    An all-masked slice gives 0, not NaN, so an empty batch is harmless.
+    """
+    m = mask.to(x.dtype)
+    # masked_fill, not x * m: a masked -inf (or NaN) times 0 is NaN.
+    num = x.masked_fill(m == 0, 0.0) * m
+    if dim is None:
+        return num.sum() / m.sum().clamp_min(1e-8)
+    return num.sum(dim) / m.sum(dim).clamp_min(1e-8)
+
+
+def aggregate(per_token: Tensor, mask: Tensor, aggregation: Aggregation = "token-mean") -> Tensor:
+    """Reduce a ``[B, T]`` per-token loss to a scalar.
+
+    ``token-mean`` averages over every real token in the batch (DAPO): long completions
+    weigh more. ``sequence-mean`` averages within each completion, then over
+    completions (the original GRPO): every completion weighs the same.
+    """
+    if aggregation == "token-mean":
+        return masked_mean(per_token, mask)
+    if aggregation == "sequence-mean":
+        return masked_mean(per_token, mask, dim=-1).mean()
+    raise ValueError(f"aggregation must be 'token-mean' or 'sequence-mean', got {aggregation!r}")
+
+
+def token_logprobs(logits: Tensor, target_ids: Tensor, temperature: float = 1.0, chunk_rows: int = 4096) -> Tensor:
+    """Log-probabilities of ``target_ids`` ``[..., T]`` under ``log_softmax(logits / temperature)``.
+
+    ``logits`` ``[..., T, V]`` must already be aligned with the targets (a causal LM's
+    logits at position t predict token t + 1: the caller shifts). The sampler draws from
+    ``softmax(logits / temperature)``, so the same temperature here gives the
+    behaviour log-probs of what it sampled.
+
+    Memory: only ``chunk_rows`` rows of float32 ``[rows, V]`` exist at a time, whatever
+    the dtype of ``logits``; the full float32 ``log_softmax`` of a large vocabulary
+    would otherwise be the biggest tensor of the step. Gradients flow to ``logits``.
+    """
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_targets = target_ids.reshape(-1, 1)
+    out = []
+    for start in range(0, flat_logits.shape[0], chunk_rows):
+        rows = flat_logits[start : start + chunk_rows].float() / temperature
+        picked = rows.gather(-1, flat_targets[start : start + chunk_rows]).squeeze(-1)
+        out.append(picked - torch.logsumexp(rows, dim=-1))
+    if not out:
+        return flat_logits.new_zeros(target_ids.shape, dtype=torch.float32)
+    return torch.cat(out).reshape(target_ids.shape)
+
+
+def policy_loss(
+    logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    aggregation: Aggregation = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped PPO/GRPO surrogate, ``-min(ρA, clip(ρ, 1 - clip_low, 1 + clip_high) A)``.
+
+    ``ρ = exp(logprobs - behaviour_logprobs)`` is the importance ratio of the policy
+    being trained to the one that sampled the tokens, so a stale (off-policy) sample is
+    reweighted, and a step can move a token's probability only so far from where the
+    sampler had it. ``advantages`` is ``[B]`` (one per completion, as GRPO) or ``[B, T]``.
+    ``clip_high > clip_low`` is DAPO's clip-higher.
+
+    Metrics, detached 0-dim tensors: ``clip_fraction`` (tokens whose gradient the clip
+    cut), ``approx_kl`` (k3 estimate of KL(behaviour || policy)) and ``ratio_mean``.
+    """
+    adv = advantages.unsqueeze(-1) if advantages.dim() == logprobs.dim() - 1 else advantages
+    valid = mask != 0
+    log_ratio = (logprobs - behaviour_logprobs).masked_fill(~valid, 0.0)
+    log_ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    unclipped = ratio * adv
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
+    loss = aggregate(-torch.minimum(unclipped, clipped), mask, aggregation)
+    with torch.no_grad():
+        cut = ((ratio < 1.0 - clip_low) & (adv < 0)) | ((ratio > 1.0 + clip_high) & (adv > 0))
+        metrics = {
+            "clip_fraction": masked_mean(cut.float(), mask),
+            "approx_kl": masked_mean(ratio - 1.0 - log_ratio, mask),
+            "ratio_mean": masked_mean(ratio, mask),
+        }
+    return loss, metrics
+
+
+def kl_penalty(
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    kind: KLKind = "k3",
+    aggregation: Aggregation = "token-mean",
+) -> Tensor:
+    """Estimate of KL(policy || reference) from tokens sampled by the policy, as a scalar.
+
+    With ``log_r = ref_logprobs - logprobs`` per token (Schulman's estimators):
+    ``k1 = -log_r`` (unbiased, high variance, can be negative),
+    ``k2 = log_r ** 2 / 2`` (biased, low variance),
+    ``k3 = exp(log_r) - 1 - log_r`` (unbiased, low variance, never negative; GRPO's).
+    """
+    log_r = (ref_logprobs - logprobs).masked_fill(mask == 0, 0.0)
+    if kind == "k1":
+        per_token = -log_r
+    elif kind == "k2":
+        per_token = 0.5 * log_r**2
+    elif kind == "k3":
+        log_r = log_r.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+        per_token = torch.exp(log_r) - 1.0 - log_r
+    else:
+        raise ValueError(f"kind must be 'k1', 'k2' or 'k3', got {kind!r}")
+    return aggregate(per_token, mask, aggregation)
+
+
+def grpo_loss(
+    logprobs: Tensor,
+    behaviour_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    ref_logprobs: Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_kind: KLKind = "k3",
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    aggregation: Aggregation = "token-mean",
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """``policy_loss + kl_coef * kl_penalty`` with the same aggregation for both.
+
+    ``kl_coef == 0`` skips the reference entirely (``ref_logprobs`` may be None and no
+    reference model need exist); the metrics then carry no ``kl_ref``.
+    """
+    loss, metrics = policy_loss(
+        logprobs,
+        behaviour_logprobs,
+        advantages,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        aggregation=aggregation,
+    )
+    metrics["policy_loss"] = loss.detach()
+    if kl_coef == 0.0:
+        return loss, metrics
+    if ref_logprobs is None:
+        raise ValueError("kl_coef > 0 needs ref_logprobs from the reference model")
+    kl = kl_penalty(logprobs, ref_logprobs, mask, kl_kind, aggregation)
+    metrics["kl_ref"] = kl.detach()
+    return loss + kl_coef * kl, metrics

@@ -1,0 +1,204 @@
+"""The policy trainer of one rank: model, optimizer, the GRPO step, weights for publishing.
+
+One process on a CPU, or one rank of DDP/FSDP on GPUs (the default process group is set
+up by the caller). Math lives in `grpo.py`; this file only batches and steps.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+from torch import Tensor
+
+from rljob_api.workercfg import TrainerWorkerConfig
+
+from .grpo import grpo_loss, token_logprobs
+
+
+@dataclass
+class TrainSample:
+    """One scored sample as the trainer needs it; `advantage` is already group-relative."""
+
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    behaviour_logprobs: list[float]
+    advantage: float
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """`auto` is bfloat16 on GPU, float32 on CPU."""
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return getattr(torch, name)
+
+
+def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -> dict[str, Tensor]:
+    """Right-padded prompt+completion ids, and per-position tensors aligned with next-token logits.
+
+    Position t of `mask`/`behaviour` refers to the token at t+1 of `input_ids`, which the
+    logits at t predict; only completion tokens are masked in.
+    """
+    lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in samples]
+    width = max(lengths)
+    input_ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(samples), width), dtype=torch.long)
+    mask = torch.zeros((len(samples), width - 1), dtype=torch.float32)
+    behaviour = torch.zeros((len(samples), width - 1), dtype=torch.float32)
+    for row, sample in enumerate(samples):
+        prompt, completion = len(sample.prompt_token_ids), len(sample.token_ids)
+        input_ids[row, : prompt + completion] = torch.tensor(sample.prompt_token_ids + sample.token_ids)
+        attention[row, : prompt + completion] = 1
+        mask[row, prompt - 1 : prompt - 1 + completion] = 1.0
+        behaviour[row, prompt - 1 : prompt - 1 + completion] = torch.tensor(sample.behaviour_logprobs)
+    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    batch = {"input_ids": input_ids, "attention_mask": attention, "mask": mask, "behaviour": behaviour}
+    return {k: v.to(device) for k, v in {**batch, "advantages": advantages}.items()}
+
+
+class PolicyTrainer:
+    """Holds the policy (possibly DDP/FSDP-wrapped), its optimizer and the reference policy."""
+
+    def __init__(
+        self, config: TrainerWorkerConfig, device: torch.device, world_size: int = 1, resume_from: str | None = None
+    ) -> None:
+        """Load the policy from `resume_from` (a checkpoint's model) or the spec's model; the
+        reference policy is always the spec's model."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.config = config
+        self.algo = config.algorithm
+        self.device = device
+        self.world_size = world_size
+        dtype = resolve_dtype(config.dtype, device)
+        torch.manual_seed(self.algo.seed)
+
+        def load(path: str) -> Any:
+            loaded: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
+            loaded.to(device)
+            return loaded
+
+        model = load(resume_from or config.model_path)
+        tokenizer = AutoTokenizer.from_pretrained(config.model_path, local_files_only=True)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.tokenizer = tokenizer
+        if config.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.reference = None
+        if self.algo.kl_coef > 0:
+            self.reference = self._frozen_copy(load(config.model_path) if resume_from else model)
+        self.policy = model
+        self.model = self._wrap(model)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=self.algo.learning_rate, weight_decay=self.algo.weight_decay
+        )
+
+    @staticmethod
+    def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+        reference = copy.deepcopy(model).eval()
+        for param in reference.parameters():
+            param.requires_grad_(False)
+        return reference
+
+    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.world_size == 1:
+            return model
+        if self.config.strategy == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            for layer in getattr(getattr(model, "model", model), "layers", []):
+                fully_shard(layer)
+            fully_shard(model)
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+    def _logprobs(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:], self.config.temperature)
+
+    def train_step(self, samples: Sequence[TrainSample], total_samples: int, total_tokens: int) -> dict[str, float]:
+        """One train step: `miniBatches` optimizer steps over this rank's share of the batch.
+
+        `total_samples`/`total_tokens` count the whole batch over all ranks, so each
+        micro-batch's loss is weighted exactly as if the batch were one (DDP then averages
+        gradients over ranks, hence the world-size factor).
+        """
+        self.model.train()
+        sums: dict[str, float] = {}
+        minis = self.algo.mini_batches
+        for mini in range(minis):
+            part = list(samples[mini::minis])
+            scale_samples = total_samples / minis
+            scale_tokens = max(total_tokens / minis, 1.0)
+            self.optimizer.zero_grad(set_to_none=True)
+            for start in range(0, max(len(part), 1), self.config.micro_batch_size):
+                micro = part[start : start + self.config.micro_batch_size]
+                if micro:
+                    self._accumulate(micro, scale_samples, scale_tokens, sums)
+            sums["grad_norm"] = sums.get("grad_norm", 0.0) + self._clip_and_step()
+        return {k: v / minis for k, v in sums.items()}
+
+    def _accumulate(self, micro: list[TrainSample], per_samples: float, per_tokens: float, sums: dict) -> None:
+        batch = collate(micro, self.pad_id, self.device)
+        logprobs = self._logprobs(self.model, batch)
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = self._logprobs(self.reference, batch)
+        loss, metrics = grpo_loss(
+            logprobs,
+            batch["behaviour"],
+            batch["advantages"],
+            batch["mask"],
+            ref_logprobs=ref,
+            kl_coef=self.algo.kl_coef,
+            clip_low=self.algo.clip_low,
+            clip_high=self.algo.clip_high,
+            aggregation=self.algo.loss_aggregation,
+        )
+        if self.algo.loss_aggregation == "token-mean":
+            weight = float(batch["mask"].sum()) / per_tokens
+        else:
+            weight = len(micro) / per_samples
+        (loss * weight * self.world_size).backward()
+        for name, value in metrics.items():
+            sums[name] = sums.get(name, 0.0) + float(value) * weight
+
+    def _clip_and_step(self) -> float:
+        norm = 0.0
+        if self.algo.max_grad_norm > 0:
+            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.algo.max_grad_norm))
+        self.optimizer.step()
+        return norm
+
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """The full policy parameters by name, as the rollout engines load them."""
+        if self.world_size > 1 and self.config.strategy == "fsdp":
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+            full = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            names = {n for n, _ in self.policy.named_parameters()}
+            yield from ((n, cast(Tensor, t)) for n, t in full.items() if n in names)
+            return
+        for name, param in self.policy.named_parameters():
+            yield name, param.detach()
+
+    def save(self, directory: Path, weights: dict[str, Tensor]) -> None:
+        """Write the policy (a loadable transformers model directory) and the optimizer state.
+
+        `weights` is `dict(named_weights())`, gathered by every rank beforehand."""
+        policy: Any = self.policy
+        policy.save_pretrained(directory / "model", state_dict=weights)
+        self.tokenizer.save_pretrained(directory / "model")
+        torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+
+    def load_optimizer(self, directory: Path) -> None:
+        state = torch.load(directory / "optimizer.pt", map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(state)
