@@ -103,9 +103,10 @@ def test_load_errors_name_function_and_path(ref: str, says: str) -> None:
     assert says in str(info.value) and ref in str(info.value)
 
 
-def test_kinds_other_than_rule_are_refused_at_construction() -> None:
-    remote = RewardFunction(name="judge", kind="remote", remote=RemoteReward(endpoints=["judge:50052"]))
-    with pytest.raises(RewardConfigError, match="'judge': kind 'remote' is not supported by this server yet"):
+def test_bad_kind_config_is_refused_naming_the_function() -> None:
+    token = RemoteReward(endpoints=["judge:50052"], token_file="/nonexistent")
+    remote = RewardFunction(name="judge", kind="remote", remote=token)
+    with pytest.raises(RewardConfigError, match="reward function 'judge': bearer token file '/nonexistent' does not"):
         RewardFunctionSet.from_spec([rule("acc", "reward_fns:exact"), remote], 1.0)
 
 

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 import pytest
 import torch
+
 from rljob.v1 import rollout_service_pb2 as pb
 from rljob.v1 import weight_service_pb2 as wpb
-from rljob_workers.grpc_server import Service, start_server
+from rljob.v1 import weight_service_pb2_grpc as wgrpc
+from rljob_workers.grpc_server import channel, start_server
 from rljob_workers.weights import (
     WeightGroup,
     WeightPublisher,
     WeightServicer,
     WeightStreamError,
+    as_service,
     from_proto,
     host_store,
     pack,
@@ -26,11 +30,11 @@ from rljob_workers.weights import (
     receive_broadcast,
     to_proto,
     unpack,
-    weight_service,
 )
 from rljob_workers.weights.buckets import dtype_from_name, dtype_name
 
 BUCKET_BYTES = 4096
+T = TypeVar("T")
 
 
 def _model(seed: int) -> dict[str, torch.Tensor]:
@@ -100,9 +104,9 @@ def test_pack_unpack_round_trip_gives_views():
 def test_pack_refuses_a_tensor_that_does_not_match_the_plan():
     model = _model(0)
     plan = plan_for(model.items(), BUCKET_BYTES)[0]
-    with pytest.raises(ValueError, match="embed.weight"):
+    with pytest.raises(ValueError, match=r"embed\.weight"):
         pack(plan, {**model, "embed.weight": torch.zeros(40, 16)})
-    with pytest.raises(KeyError, match="embed.weight"):
+    with pytest.raises(KeyError, match=r"embed\.weight"):
         pack(plan, {})
 
 
@@ -213,13 +217,10 @@ def test_broadcast_to_two_processes_then_reform_without_one():
 # --- WeightService pull ----------------------------------------------------------------------
 
 
-async def _serve(servicer: object, body: Callable[[str], object]) -> object:
-    name = wpb.DESCRIPTOR.services_by_name["WeightService"].full_name
-    from rljob.v1 import weight_service_pb2_grpc as wgrpc
-
-    server = await start_server([Service(wgrpc.add_WeightServiceServicer_to_server, servicer, name)])
+async def _serve(servicer: WeightServicer, body: Callable[[str], Awaitable[T]]) -> T:
+    server = await start_server([as_service(servicer)])
     try:
-        return await body(f"127.0.0.1:{server.port}")  # type: ignore[misc]
+        return await body(f"127.0.0.1:{server.port}")
     finally:
         await server.stop(None)
 
@@ -232,7 +233,7 @@ def test_pull_returns_exactly_the_newest_version():
     async def body(address: str) -> tuple[int, dict[str, torch.Tensor]]:
         return await pull_weights(address, min_version=1, max_chunk_bytes=100)
 
-    version, tensors = asyncio.run(_serve(weight_service(publisher).servicer, body))  # type: ignore[misc]
+    version, tensors = asyncio.run(_serve(WeightServicer(publisher), body))
     assert version == 2
     _assert_same(tensors, {name: t.contiguous() for name, t in _model(2).items()})
 
@@ -241,9 +242,6 @@ def test_missing_version_is_failed_precondition_and_empty_service_says_minus_one
     publisher = WeightPublisher(BUCKET_BYTES)
 
     async def body(address: str) -> tuple[int, list[str]]:
-        from rljob.v1 import weight_service_pb2_grpc as wgrpc
-        from rljob_workers.grpc_server import channel
-
         async with channel(address) as ch:
             latest = await wgrpc.WeightServiceStub(ch).GetLatestVersion(wpb.GetLatestVersionRequest())
         errors = []
@@ -251,11 +249,11 @@ def test_missing_version_is_failed_precondition_and_empty_service_says_minus_one
             with pytest.raises(grpc.aio.AioRpcError) as caught:
                 await pull_weights(address, min_version)
             assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-            errors.append(caught.value.details())
+            errors.append(caught.value.details() or "")
             publisher.publish(1, _model(1).items()) if publisher.latest_version < 0 else None
         return latest.version, errors
 
-    latest, errors = asyncio.run(_serve(WeightServicer(publisher), body))  # type: ignore[misc]
+    latest, errors = asyncio.run(_serve(WeightServicer(publisher), body))
     assert latest == -1
     assert "≥ 0: none is published" in errors[0] and "≥ 5: the newest is 1" in errors[1]
 
@@ -288,7 +286,7 @@ def test_a_fetch_during_publishes_streams_one_consistent_version():
     async def body(address: str) -> tuple[int, dict[str, torch.Tensor]]:
         return await pull_weights(address)
 
-    version, tensors = asyncio.run(_serve(_PublishMidStream(publisher, publish_two_more), body))  # type: ignore[misc]
+    version, tensors = asyncio.run(_serve(_PublishMidStream(publisher, publish_two_more), body))
     assert version == 2 and publisher.latest_version == 4
     _assert_same(tensors, {name: t.contiguous() for name, t in _model(2).items()})
 

@@ -19,8 +19,11 @@ NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 class RuleReward(Model):
     """A Python function addressed by module path, e.g. ``my_rewards.math:exact_match``.
 
-    It is called as ``fn(prompt=..., completion=..., **fields)`` and returns a float; it
-    may be async, and it may take a ``judge`` argument: a client of the job's reward-model pool.
+    It is called as ``fn(prompt=..., completion=..., **fields)`` and returns a number; it
+    may be async. An async function that declares a ``judge`` parameter also gets ``judge``,
+    a client of the replica's disrm/genrm functions: ``await judge.generate(text)``,
+    ``await judge.grade(prompt, completion, **fields)``, ``await judge.score(prompt, completion)``;
+    ``model=<function name>`` picks one when there are several.
     """
 
     function: str = Field(description="`module.path:function` of the reward function.", max_length=512)

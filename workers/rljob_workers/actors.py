@@ -88,7 +88,7 @@ class RewardActor:
             await self.server.set_serving(False)
             await self.servicer.drain(30.0)
             await self.server.stop(None)
-            self.servicer.functions.close()
+            await self.servicer.functions.aclose()
 
 
 @ray.remote

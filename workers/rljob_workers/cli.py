@@ -90,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=None, help="override algorithm.totalSteps")
     p.add_argument("--no-display", action="store_true", help="plain log lines instead of the live display")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 picks a free one)")
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="drive an existing Ray cluster (in a KubeRay driver pod): connect with address auto, serve the "
+        "ControlService and metrics on all interfaces at the spec's ports",
+    )
 
     p = add("status", cmd_status)
     p.add_argument("address", help="host:port of the controller's ControlService")

@@ -48,7 +48,11 @@ class Progress:
     def __init__(self, job: str, live: bool) -> None:
         self.job = job
         self.console = Console(file=sys.stdout)
-        self.live = Live(console=self.console, refresh_per_second=2) if live and self.console.is_terminal else None
+        self.live = (
+            Live(console=self.console, refresh_per_second=2, transient=True)
+            if live and self.console.is_terminal
+            else None
+        )
 
     def __enter__(self) -> Progress:
         if self.live is not None:

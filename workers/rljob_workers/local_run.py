@@ -18,6 +18,7 @@ from rljob_api import RLJob
 from rljob_api.workercfg import WorkerConfigs
 
 from .controller.data import load_prompts
+from .controller.elastic import ElasticRewardPool
 from .controller.loop import Controller, RunFailed, StepReport
 from .controller.rollout_clients import RolloutClients
 from .controller.status import ControlServicer, RunView
@@ -46,7 +47,11 @@ class LocalRun:
         display: bool,
         metrics_port: int,
         step_hook: Callable[[LocalRun, StepReport], None] | None = None,
+        cluster: bool = False,
     ) -> None:
+        self.cluster = cluster
+        # On a cluster the operator and dashboards reach the controller from other pods.
+        self.serve_host = "0.0.0.0" if cluster else "127.0.0.1"
         self.job, self.configs, self.output = job, configs, output
         self.step_hook = step_hook
         self.reports: list[StepReport] = []
@@ -61,6 +66,7 @@ class LocalRun:
         self.view: RunView | None = None
         self.controller: Controller | None = None
         self.weight_sync: WeightSync | None = None
+        self.elastic: ElasticRewardPool | None = None
 
     # ---- start ---------------------------------------------------------------------------
     def _resume_dir(self) -> Path | None:
@@ -88,18 +94,22 @@ class LocalRun:
             await self.router.add_replica(name, address)
         return await trainer_task
 
-    def _pool_sizes(self) -> dict[str, tuple[int, int]]:
+    def _pool_sizes(self) -> dict[str, tuple[int, int, list[str]]]:
         c = self.configs
+        reward: tuple[int, int, list[str]] = (len(self.reward.actors), len(self.reward.actors), [])
+        if self.elastic is not None:
+            reward = (self.elastic.desired, self.elastic.ready(), list(self.elastic.drained))
         return {
-            "rollout": (c.controller.rollout_replicas, len(self.clients.live())),
-            "trainer": (c.trainer.world_size, c.trainer.world_size),
-            "reward": (max(c.controller.reward_replicas.min, 1), len(self.reward.actors)),
+            "rollout": (c.controller.rollout_replicas, len(self.clients.live()), []),
+            "trainer": (c.trainer.world_size, c.trainer.world_size, []),
+            "reward": reward,
         }
 
     async def _serve_control(self, view: RunView) -> RunningServer:
         name = control_pb.DESCRIPTOR.services_by_name["ControlService"].full_name
         service = Service(control_grpc.add_ControlServiceServicer_to_server, ControlServicer(view), name)
-        return await start_server([service], "127.0.0.1", 0)
+        port = self.configs.ports.control if self.cluster else 0
+        return await start_server([service], self.serve_host, port)
 
     # ---- run -----------------------------------------------------------------------------
     async def main(self) -> int:
@@ -115,7 +125,10 @@ class LocalRun:
         )
         if state:
             prompts.restore(state["data"])
-        init_local_ray(c, self.cpus["rollout"], self.cpus["reward"], self.cpus["trainer"])
+        if self.cluster:
+            ray.init(address="auto", logging_level=logging.WARNING)
+        else:
+            init_local_ray(c, self.cpus["rollout"], self.cpus["reward"], self.cpus["trainer"])
         try:
             return await self._run(prompts, state, resume_dir)
         finally:
@@ -134,7 +147,7 @@ class LocalRun:
         if version > 0:
             await asyncio.gather(*(self.weight_sync.catch_up(r, version) for r in self.clients.live()))
         metrics = RunMetrics(self.job.metadata.name)
-        port = metrics.serve(self.metrics_port)
+        port = metrics.serve(self.metrics_port, self.serve_host)
         jsonl = JsonlWriter(self.output / "metrics.jsonl")
         progress = Progress(self.job.metadata.name, live=self.display)
         reports = self.reports
@@ -170,16 +183,27 @@ class LocalRun:
             port,
         )
         view.phase = control_pb.RUN_PHASE_RUNNING
+        controller = self.controller
+        self.elastic = ElasticRewardPool(
+            self.router,
+            self.reward,
+            c.controller.reward_replicas,
+            c.controller.reward_scaling,
+            arrivals=lambda: controller.counts.generated,
+            drain_timeout=c.controller.reward_timeout_seconds,
+        )
+        self.elastic.desired = len(self.reward.actors)
         rc = 0
         with progress:
-            ticker = asyncio.create_task(self._tick(progress, view))
+            background = [asyncio.create_task(self._tick(progress, view)), asyncio.create_task(self.elastic.run())]
             try:
                 await self.controller.run()
                 view.phase = control_pb.RUN_PHASE_SUCCEEDED
             except RunFailed as exc:
                 view.phase, view.message, rc = control_pb.RUN_PHASE_FAILED, str(exc), 1
             finally:
-                ticker.cancel()
+                for task in background:
+                    task.cancel()
         progress.final(view.snapshot())
         self._summary(rc, view, reports)
         return rc

@@ -307,9 +307,12 @@ class Controller:
                     self.tracker.score(sample.prompt_id, sample.index, result.score, dict(result.components))
                     self._changed.notify_all()
                 return
-            if attempt < self.config.reward_retries:
+            # A malformed sample stays malformed: retrying cannot help.
+            if attempt < self.config.reward_retries and result.error.error_class != sample_pb2.ERROR_CLASS_INVALID:
                 self.counts.reward_retries += 1
                 await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
+                continue
+            break
         error = result.error
         detail = error.message
         if sample.sample_id not in detail:  # servers in other languages may not name the sample

@@ -18,7 +18,7 @@ class RunView:
 
     controller: Controller
     total_steps: int
-    pools: Callable[[], dict[str, tuple[int, int]]]
+    pools: Callable[[], dict[str, tuple[int, int, list[str]]]]
     phase: int = pb.RUN_PHASE_STARTING
     message: str = ""
     last: StepReport | None = None
@@ -51,8 +51,8 @@ class RunView:
             status.staleness_max = last.staleness_max
             status.elapsed_seconds = last.elapsed_seconds
             status.samples_per_second = counts.trained / max(last.elapsed_seconds, 1e-9)
-        for name, (desired, ready) in self.pools().items():
-            getattr(status, name).CopyFrom(pb.PoolStatus(desired=desired, ready=ready))
+        for name, (desired, ready, drained) in self.pools().items():
+            getattr(status, name).CopyFrom(pb.PoolStatus(desired=desired, ready=ready, drained=drained))
         return status
 
 

@@ -1,9 +1,22 @@
-"""Rule reward functions: load them by `module.path:function`, call them, check and weight their scores.
+"""The job's reward functions on one replica: call each on a sample, check and weight their scores.
 
-A function is called as ``fn(prompt=..., completion=..., **fields)`` with the sample's data
-fields, and returns a number (bools count as 0/1). It may be sync or async. A result that
-is not a finite number, an exception or a timeout becomes an error result naming the
-sample and the function: never a silent score of 0.
+Four kinds (built by `kinds.build_functions` from the job's spec):
+
+- ``rule``: a Python function loaded by ``module.path:function``, called as
+  ``fn(prompt=..., completion=..., **fields)`` with the sample's data fields; it returns a
+  number (bools count as 0/1) and may be sync or async. An async one that declares a
+  ``judge`` parameter also gets ``judge=``, a client of this replica's disrm/genrm models
+  (`modelpool.Judge`: ``await judge.generate(text)``, ``await judge.grade(prompt, completion)``,
+  ``await judge.score(prompt, completion)``), so LLM-as-a-judge and hybrid rule-plus-model
+  rewards are one function (example: `reward/judge.py`);
+- ``remote``: external RewardService endpoints (`remote.RemoteScorer`);
+- ``disrm``: a sequence-classification reward model with dynamic batching (`disrm.DisRMScorer`);
+- ``genrm``: a generative judge on a rollout engine (`genrm.GenRMScorer`).
+
+A result that is not a finite number, an exception or a timeout becomes an error result
+naming the sample and the function: never a silent score of 0. A kind's own failure
+(`base.ScoreFailure`) keeps its error class: a dead remote endpoint is TRANSIENT, a judge
+answer that does not parse is FUNCTION.
 """
 
 from __future__ import annotations
@@ -18,10 +31,18 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rljob.v1 import sample_pb2
 from rljob_api.reward import RewardFunction
+
+from .base import FUNCTION, INVALID, TRANSIENT, RewardConfigError, SampleScorer, ScoreFailure
+from .metrics import RewardMetrics
+
+if TYPE_CHECKING:
+    from .modelpool import Judge
+
+__all__ = ["FUNCTION", "INVALID", "TRANSIENT", "RewardConfigError", "RewardFunctionSet", "WeightedFunction"]
 
 # A reward function returns a number, or an awaitable of one.
 RewardCallable = Callable[..., Any]
@@ -33,15 +54,7 @@ RESERVED_ARGS = frozenset({"prompt", "completion"})
 # Sync functions run in a thread pool so that one slow function does not stall the event loop.
 DEFAULT_MAX_WORKERS = 32
 
-INVALID = sample_pb2.ERROR_CLASS_INVALID
-FUNCTION = sample_pb2.ERROR_CLASS_FUNCTION
-TRANSIENT = sample_pb2.ERROR_CLASS_TRANSIENT
-
 _MISSING = object()
-
-
-class RewardConfigError(ValueError):
-    """A reward function that cannot be loaded, or whose kind this server does not run."""
 
 
 def load_function(name: str, ref: str) -> RewardCallable:
@@ -71,18 +84,23 @@ def error_score(
     return sample_pb2.SampleScore(sample_id=sample_id, error=error, latency_seconds=latency)
 
 
-def _is_async(fn: RewardCallable) -> bool:
+def is_async(fn: RewardCallable) -> bool:
     # Callable objects with an async __call__ count too.
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 @dataclass(frozen=True)
 class WeightedFunction:
-    """One loaded reward function, its name (in components and errors) and its weight in the sum."""
+    """One reward function, its name (in components and errors) and its weight in the sum.
+
+    `fn` is a rule's callable, or the SampleScorer of another kind; `judge` is given to a rule that takes one.
+    """
 
     name: str
-    fn: RewardCallable
+    fn: RewardCallable | SampleScorer
     weight: float = 1.0
+    kind: str = "rule"
+    judge: Judge | None = None
 
 
 @dataclass(frozen=True)
@@ -116,7 +134,12 @@ class RewardFunctionSet:
     """The job's reward functions: each sample's score is their weighted sum, with per-function components."""
 
     def __init__(
-        self, functions: Sequence[WeightedFunction], timeout_seconds: float, *, max_workers: int = DEFAULT_MAX_WORKERS
+        self,
+        functions: Sequence[WeightedFunction],
+        timeout_seconds: float,
+        *,
+        max_workers: int = DEFAULT_MAX_WORKERS,
+        metrics: RewardMetrics | None = None,
     ) -> None:
         if not functions:
             raise RewardConfigError("a reward function set needs at least one function")
@@ -127,21 +150,27 @@ class RewardFunctionSet:
             raise RewardConfigError(f"timeout_seconds must be positive, got {timeout_seconds}")
         self.functions = list(functions)
         self.timeout_seconds = timeout_seconds
+        self.metrics = metrics if metrics is not None else RewardMetrics()
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="reward-fn")
 
     @classmethod
     def from_spec(
-        cls, functions: Sequence[RewardFunction], timeout_seconds: float, *, max_workers: int = DEFAULT_MAX_WORKERS
+        cls,
+        functions: Sequence[RewardFunction],
+        timeout_seconds: float,
+        *,
+        max_workers: int = DEFAULT_MAX_WORKERS,
+        gpus: int = 0,
     ) -> RewardFunctionSet:
-        """Load the job's functions; kinds other than `rule` are refused here, naming the function."""
-        loaded = []
-        for spec in functions:
-            if spec.kind != "rule" or spec.rule is None:
-                raise RewardConfigError(
-                    f"reward function {spec.name!r}: kind {spec.kind!r} is not supported by this server yet"
-                )
-            loaded.append(WeightedFunction(spec.name, load_function(spec.name, spec.rule.function), spec.weight))
-        return cls(loaded, timeout_seconds, max_workers=max_workers)
+        """Build the job's functions of every kind (blocking: loads models); errors name the function."""
+        from .kinds import build_functions
+
+        return cls(build_functions(functions, timeout_seconds, gpus=gpus), timeout_seconds, max_workers=max_workers)
+
+    @property
+    def scorers(self) -> list[SampleScorer]:
+        """The non-rule kinds' scorers (remote endpoints, models)."""
+        return [f.fn for f in self.functions if isinstance(f.fn, SampleScorer)]
 
     @property
     def names(self) -> list[str]:
@@ -170,22 +199,37 @@ class RewardFunctionSet:
         return result
 
     async def _call(self, function: WeightedFunction, sample: sample_pb2.RewardSample) -> _Outcome:
-        kwargs: dict[str, Any] = {k: v for k, v in sample.fields.items() if k not in RESERVED_ARGS}
-        kwargs.update(prompt=sample.prompt, completion=sample.completion)
+        start = time.perf_counter()
+        outcome = await self._outcome(function, sample)
+        error = outcome.error.error_class if outcome.error is not None else None
+        self.metrics.observe_call(function.kind, function.name, time.perf_counter() - start, error)
+        return outcome
+
+    async def _outcome(self, function: WeightedFunction, sample: sample_pb2.RewardSample) -> _Outcome:
         name, sample_id = function.name, sample.sample_id
+        timeout: float | None = self.timeout_seconds
         try:
-            value = await asyncio.wait_for(self._invoke(function.fn, kwargs), self.timeout_seconds)
+            if isinstance(function.fn, SampleScorer):
+                timeout = None if function.fn.manages_deadline else timeout
+                value: object = await asyncio.wait_for(function.fn.score_sample(sample), timeout)
+            else:
+                value = await asyncio.wait_for(self._invoke(function.fn, _kwargs(function, sample)), timeout)
         except asyncio.TimeoutError:
             # A sync function keeps its thread until it returns: Python cannot interrupt it.
             message = f"reward function {name!r} timed out after {self.timeout_seconds:g}s on sample {sample_id!r}"
             return _failure(TRANSIENT, message, name)
+        except ScoreFailure as failure:  # a kind's own failure, or one a rule's judge call raised
+            message = (
+                failure.message if function.kind != "rule" else f"rule {name!r} on sample {sample_id!r}: {failure}"
+            )
+            return _failure(failure.error_class, message, name)
         except Exception as exc:
             message = f"reward function {name!r} raised {type(exc).__name__} on sample {sample_id!r}: {exc}"
             return _failure(FUNCTION, message, name)
         return _check_value(value, name, sample_id)
 
     async def _invoke(self, fn: RewardCallable, kwargs: dict[str, Any]) -> object:
-        if _is_async(fn):
+        if is_async(fn):
             result = fn(**kwargs)
         else:
             loop = asyncio.get_running_loop()
@@ -195,5 +239,23 @@ class RewardFunctionSet:
         return result
 
     def close(self) -> None:
-        """Release the thread pool without waiting for functions still running (they cannot be stopped)."""
+        """Release the thread pool without waiting for functions still running (they cannot be stopped).
+
+        Models and remote channels are released by `aclose`; a replica with them should await that instead.
+        """
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def aclose(self) -> None:
+        """Close every kind's scorer (models, engines, channels), then the thread pool."""
+        await asyncio.gather(*(s.close() for s in self.scorers), return_exceptions=True)
+        self.close()
+
+
+def _kwargs(function: WeightedFunction, sample: sample_pb2.RewardSample) -> dict[str, Any]:
+    """A rule's keyword arguments: the data fields, prompt, completion and, when it takes one, the judge."""
+    reserved = RESERVED_ARGS | {"judge"} if function.judge is not None else RESERVED_ARGS
+    kwargs: dict[str, Any] = {k: v for k, v in sample.fields.items() if k not in reserved}
+    kwargs.update(prompt=sample.prompt, completion=sample.completion)
+    if function.judge is not None:
+        kwargs["judge"] = function.judge
+    return kwargs

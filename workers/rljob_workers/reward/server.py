@@ -111,39 +111,51 @@ class RewardServicer(reward_service_pb2_grpc.RewardServiceServicer):
         self.max_batch_size = max_batch_size or max_in_flight
         self.version = version or _version()
         self.draining = False
+        self.metrics = functions.metrics
+        self.metrics_port: int | None = None  # where /metrics is served, when it is
         self._active = 0  # samples being scored, over every stream and batch
         self._idle = asyncio.Event()
         self._idle.set()
 
+    @property
+    def backlog(self) -> int:
+        """Samples accepted and not yet answered, over every stream and batch."""
+        return self._active
+
     def begin(self) -> None:
         self._active += 1
+        self.metrics.backlog.inc()
         self._idle.clear()
 
     def end(self) -> None:
         self._active -= 1
+        self.metrics.backlog.dec()
         if self._active == 0:
             self._idle.set()
 
     async def score_one(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore:
         try:
-            return await self.functions.score(sample)
+            result = await self.functions.score(sample)
         except Exception as exc:  # a bug here must still answer the sample, per the contract
-            return error_score(
-                sample.sample_id, TRANSIENT, f"reward server failed on sample {sample.sample_id!r}: {exc}"
-            )
+            message = f"reward server failed on sample {sample.sample_id!r}: {exc}"
+            result = error_score(sample.sample_id, TRANSIENT, message)
+        self.metrics.observe_answer(result)
+        return result
 
     def refusal(
         self, sample: sample_pb2.RewardSample, in_flight: dict[str, asyncio.Task[None]]
     ) -> sample_pb2.SampleScore | None:
         """The error answer for a sample this stream will not score, or None to score it."""
         sid = sample.sample_id
-        if not sid:
-            return error_score(sid, INVALID, "sample has an empty sample_id")
-        if sid in in_flight:
-            return error_score(sid, INVALID, f"sample {sid!r} is already in flight on this stream")
+        if not sid or sid in in_flight:
+            self.metrics.observe_invalid()
+            message = f"sample {sid!r} is already in flight on this stream" if sid else "sample has an empty sample_id"
+            return error_score(sid, INVALID, message)
         if self.draining:
+            self.metrics.refused.labels("draining").inc()
             return error_score(sid, TRANSIENT, f"{UNAVAILABLE_PREFIX} sample {sid!r} refused: reward replica draining")
         if len(in_flight) >= self.max_in_flight:
+            self.metrics.refused.labels("resource_exhausted").inc()
             message = (
                 f"{RESOURCE_EXHAUSTED_PREFIX} sample {sid!r} refused: {len(in_flight)} samples already in flight "
                 f"on this stream (max_in_flight {self.max_in_flight})"
@@ -231,16 +243,27 @@ async def start_reward_server(
 
 
 async def serve_reward(
-    config: RewardWorkerConfig, host: str = "127.0.0.1", port: int = 0
+    config: RewardWorkerConfig, host: str = "127.0.0.1", port: int = 0, *, metrics_port: int | None = None
 ) -> tuple[RunningServer, RewardServicer]:
     """Start a reward replica from its worker config (the Ray launcher's entry point).
 
+    Models are loaded in a thread, so the caller's event loop keeps running. With `metrics_port`
+    (0 picks a free one) the replica's Prometheus metrics are served on http://host:port/metrics;
+    either way they are in ``servicer.metrics.registry``.
+
     To retire it: ``await running.set_serving(False); await servicer.drain(t); await running.stop()``,
-    then ``servicer.functions.close()`` to release its thread pool.
+    then ``await servicer.functions.aclose()`` to release its models, channels and thread pool.
     """
-    functions = RewardFunctionSet.from_spec(config.functions, config.timeout_seconds)
+    functions = await asyncio.to_thread(
+        RewardFunctionSet.from_spec, config.functions, config.timeout_seconds, gpus=config.gpus
+    )
     name = "+".join(functions.names)
-    return await start_reward_server(functions, name=name, max_in_flight=config.max_in_flight, host=host, port=port)
+    running, servicer = await start_reward_server(
+        functions, name=name, max_in_flight=config.max_in_flight, host=host, port=port
+    )
+    if metrics_port is not None:
+        servicer.metrics_port = functions.metrics.serve(metrics_port, host)
+    return running, servicer
 
 
 async def _serve_until_signalled(

@@ -27,7 +27,7 @@ from rljob_workers.weights.buckets import (
     unpack,
 )
 from rljob_workers.weights.group import WeightGroup, host_store
-from rljob_workers.weights.publisher import NoVersionError, WeightPublisher, WeightServicer, weight_service
+from rljob_workers.weights.publisher import NoVersionError, WeightPublisher, WeightServicer, as_service, weight_service
 from rljob_workers.weights.receiver import WeightStreamError, pull_weights, receive_broadcast
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "WeightPublisher",
     "WeightServicer",
     "WeightStreamError",
+    "as_service",
     "empty_buckets",
     "from_proto",
     "host_store",

@@ -32,10 +32,16 @@ from rljob_workers.grpc_server import MAX_MESSAGE_BYTES, Service
 from rljob_workers.weights.buckets import BucketPlan, TensorSlot, dtype_name, pack, plan_for
 from rljob_workers.weights.group import WeightGroup
 
-# Large buckets amortise each collective's fixed cost; 256 MiB measured fastest over gloo on
-# loopback (benchmarks/weight_sync) and is a bounded extra on a GPU.
-DEFAULT_BUCKET_BYTES = 256 * 1024 * 1024
+# Bucket size when none is given. On CPU (gloo), 8 MiB measured best in benchmarks/weight_sync
+# (4 MiB to 256 MiB tried): small enough that packing bucket i+1 overlaps sending bucket i
+# from the first bucket on, and that a receiver's fresh buckets come from malloc's reused
+# heap instead of newly faulted pages; the ~55 collectives this makes for a 100 M model cost
+# little. On CUDA (NCCL) larger messages are needed to reach bus bandwidth and the caching
+# allocator makes buffers cheap; 256 MiB there is the usual choice, not measured here.
+CPU_BUCKET_BYTES = 8 * 1024 * 1024
+CUDA_BUCKET_BYTES = 256 * 1024 * 1024
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
+SERVICE_NAME = wpb.DESCRIPTOR.services_by_name["WeightService"].full_name
 # Leaves room for the chunk's header fields under the gRPC message limit.
 MAX_CHUNK_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
 
@@ -67,9 +73,11 @@ class Snapshot:
 class WeightPublisher:
     """Holds the newest published version. One thread publishes; any number of threads and streams read."""
 
-    def __init__(self, bucket_bytes: int = DEFAULT_BUCKET_BYTES, device: torch.device | str = "cpu") -> None:
-        self.bucket_bytes = bucket_bytes
+    def __init__(self, bucket_bytes: int | None = None, device: torch.device | str = "cpu") -> None:
+        """Buckets of at most bucket_bytes (default: by device type, see CPU_BUCKET_BYTES), kept on `device`."""
         self.device = torch.device(device)
+        default = CUDA_BUCKET_BYTES if self.device.type == "cuda" else CPU_BUCKET_BYTES
+        self.bucket_bytes = default if bucket_bytes is None else bucket_bytes
         self._lock = threading.Lock()
         self._plans: tuple[BucketPlan, ...] | None = None
         self._latest: Snapshot | None = None
@@ -156,23 +164,44 @@ class WeightPublisher:
         return spare.buckets if spare is not None and spare.readers == 0 else None
 
 
-def iter_chunks(snapshot: Snapshot, chunk_bytes: int) -> Iterator[wpb.FetchWeightsResponse]:
-    """Every tensor of the snapshot as chunks of at most chunk_bytes, tensor after tensor."""
+# FetchWeightsResponse.data is field 6, length-delimited (wire type 2).
+_DATA_TAG = bytes([6 << 3 | 2])
+
+
+def iter_chunks(snapshot: Snapshot, chunk_bytes: int) -> Iterator[bytes]:
+    """Every tensor of the snapshot as serialized FetchWeightsResponse messages of at most
+    chunk_bytes of data each, tensor after tensor.
+
+    The small fields go through protobuf; `data` is appended as its encoded field straight
+    from the tensor's memory. A parser reads concatenated fields as one message, and this
+    skips the two extra copies of every weight byte (into the message, then out of it)
+    that building and serializing a FetchWeightsResponse would make.
+    """
     count = snapshot.tensor_count
     for slot, flat in snapshot.tensors():
-        raw = flat.cpu().view(torch.uint8).numpy()
-        offsets = range(0, raw.size, chunk_bytes) if raw.size else range(1)  # an empty tensor still gets a chunk
+        raw = flat.cpu().view(torch.uint8).numpy().data
+        header = wpb.FetchWeightsResponse(
+            version=snapshot.version,
+            name=slot.name,
+            dtype=dtype_name(slot.dtype),
+            shape=slot.shape,
+            total_bytes=len(raw),
+            tensor_count=count,
+        )
+        offsets = range(0, len(raw), chunk_bytes) if len(raw) else range(1)  # an empty tensor still gets a chunk
         for offset in offsets:
-            yield wpb.FetchWeightsResponse(
-                version=snapshot.version,
-                name=slot.name,
-                dtype=dtype_name(slot.dtype),
-                shape=slot.shape,
-                offset=offset,
-                data=raw[offset : offset + chunk_bytes].tobytes(),
-                total_bytes=raw.size,
-                tensor_count=count,
-            )
+            data = raw[offset : offset + chunk_bytes]
+            header.offset = offset
+            yield b"".join((header.SerializeToString(), _DATA_TAG, _varint(len(data)), data))
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 class WeightServicer(wgrpc.WeightServiceServicer):
@@ -184,7 +213,7 @@ class WeightServicer(wgrpc.WeightServiceServicer):
 
     async def FetchWeights(
         self, request: wpb.FetchWeightsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[wpb.FetchWeightsResponse]:
+    ) -> AsyncIterator[bytes]:
         if request.max_chunk_bytes < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_chunk_bytes must not be negative")
         chunk_bytes = min(request.max_chunk_bytes or self.chunk_bytes, MAX_CHUNK_BYTES)
@@ -208,5 +237,31 @@ class WeightServicer(wgrpc.WeightServiceServicer):
 
 def weight_service(publisher: WeightPublisher, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Service:
     """The WeightService for grpc_server.start_server."""
-    name = wpb.DESCRIPTOR.services_by_name["WeightService"].full_name
-    return Service(wgrpc.add_WeightServiceServicer_to_server, WeightServicer(publisher, chunk_bytes), name)
+    return as_service(WeightServicer(publisher, chunk_bytes))
+
+
+def as_service(servicer: WeightServicer) -> Service:
+    """A WeightServicer (or subclass) for grpc_server.start_server."""
+    return Service(_add_to_server, servicer, SERVICE_NAME)
+
+
+def _add_to_server(servicer: WeightServicer, server: grpc.aio.Server) -> None:
+    """The generated add_WeightServiceServicer_to_server, except that FetchWeights yields chunks
+    already serialized (iter_chunks); a message it yields instead is serialized as usual."""
+    handlers = {
+        "FetchWeights": grpc.unary_stream_rpc_method_handler(
+            servicer.FetchWeights,
+            request_deserializer=wpb.FetchWeightsRequest.FromString,
+            response_serializer=_serialized,
+        ),
+        "GetLatestVersion": grpc.unary_unary_rpc_method_handler(
+            servicer.GetLatestVersion,
+            request_deserializer=wpb.GetLatestVersionRequest.FromString,
+            response_serializer=wpb.GetLatestVersionResponse.SerializeToString,
+        ),
+    }
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+
+
+def _serialized(message: bytes | wpb.FetchWeightsResponse) -> bytes:
+    return message if isinstance(message, bytes) else message.SerializeToString()

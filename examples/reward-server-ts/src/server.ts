@@ -1,0 +1,279 @@
+// An rljob.v1.RewardService in TypeScript: an exact-match arithmetic reward behind the Score stream,
+// ScoreBatch and Info, with grpc.health.v1 and server reflection. The protos are loaded at start-up
+// from rljob's proto/ folder with @grpc/proto-loader: there is no generated code.
+//
+// The contract (proto/rljob/v1/reward_service.proto) as this server keeps it:
+//   - every sample gets exactly one answer with its sample_id, as soon as it is scored;
+//   - a sample that cannot be scored (no `answer` field) gets an error of class FUNCTION, never a 0;
+//   - an empty sample_id, or one already in flight on the stream, gets an INVALID error on the
+//     stream, and fails a whole ScoreBatch call with INVALID_ARGUMENT naming the sample;
+//   - more than MAX_IN_FLIGHT samples in flight on one stream are refused, per sample, with a
+//     TRANSIENT error starting "RESOURCE_EXHAUSTED:"; while draining, "UNAVAILABLE:";
+//   - scores are 0 or 1, inside Info's [min_score, max_score].
+//
+// Usage: node dist/server.js [--port 50052] [--host 0.0.0.0] [--proto-dir ../../proto]
+// With RLJOB_REWARD_TOKEN set, calls must carry `authorization: Bearer <token>` (a remote reward's tokenFile).
+
+import * as path from "node:path";
+import { parseArgs } from "node:util";
+
+import * as grpc from "@grpc/grpc-js";
+import * as protoLoader from "@grpc/proto-loader";
+import { ReflectionService } from "@grpc/reflection";
+import { HealthImplementation } from "grpc-health-check";
+
+const SERVICE = "rljob.v1.RewardService";
+const FUNCTION_NAME = "exact-match";
+const VERSION = "0.1.0";
+const MAX_IN_FLIGHT = 64;
+const MAX_BATCH_SIZE = 256;
+const DRAIN_SECONDS = 30;
+const EOS_MARKERS = ["</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<eos>"];
+
+type ErrorClass = "ERROR_CLASS_INVALID" | "ERROR_CLASS_FUNCTION" | "ERROR_CLASS_TRANSIENT";
+
+interface RewardSample {
+  sample_id: string;
+  prompt_id: string;
+  prompt: string;
+  completion: string;
+  fields: Record<string, string>;
+}
+
+interface SampleScore {
+  sample_id: string;
+  score: number;
+  components: Record<string, number>;
+  error?: { error_class: ErrorClass; message: string; function: string };
+  latency_seconds: number;
+}
+
+interface ScoreRequest {
+  sample?: RewardSample | null;
+}
+
+interface ScoreResponse {
+  score: SampleScore;
+}
+
+interface ScoreBatchRequest {
+  samples: RewardSample[];
+}
+
+/** A sample this function cannot score; becomes that sample's error. */
+class ScoreFailure extends Error {
+  constructor(
+    readonly errorClass: ErrorClass,
+    message: string,
+  ) {
+    super(message);
+  }
+}
+
+const state: { draining: boolean; token?: string } = { draining: false };
+
+// ---- the reward -------------------------------------------------------------------------------
+
+/** The completion cut at its first end-of-sequence marker, whitespace stripped. */
+function stripCompletion(completion: string): string {
+  let text = completion;
+  for (const marker of EOS_MARKERS) {
+    text = text.split(marker, 1)[0];
+  }
+  return text.trim();
+}
+
+/** 1 when the completion is exactly the `answer` field, else 0. */
+function exactMatch(sample: RewardSample): number {
+  const answer = sample.fields?.answer;
+  if (answer === undefined) {
+    const fields = Object.keys(sample.fields ?? {}).join(", ") || "none";
+    throw new ScoreFailure(
+      "ERROR_CLASS_FUNCTION",
+      `reward function '${FUNCTION_NAME}': sample '${sample.sample_id}' has no answer field (fields: ${fields})`,
+    );
+  }
+  return stripCompletion(sample.completion ?? "") === answer.trim() ? 1 : 0;
+}
+
+async function scoreSample(sample: RewardSample): Promise<SampleScore> {
+  const start = process.hrtime.bigint();
+  const seconds = () => Number(process.hrtime.bigint() - start) / 1e9;
+  try {
+    const value = exactMatch(sample);
+    const components = { [FUNCTION_NAME]: value };
+    return { sample_id: sample.sample_id, score: value, components, latency_seconds: seconds() };
+  } catch (err) {
+    const message = `reward function '${FUNCTION_NAME}' failed on sample '${sample.sample_id}': ${err}`;
+    const failure = err instanceof ScoreFailure ? err : new ScoreFailure("ERROR_CLASS_FUNCTION", message);
+    return errorScore(sample.sample_id, failure.errorClass, failure.message, seconds());
+  }
+}
+
+function errorScore(sampleId: string, errorClass: ErrorClass, message: string, latency = 0): SampleScore {
+  return {
+    sample_id: sampleId,
+    score: 0,
+    components: {},
+    error: { error_class: errorClass, message, function: FUNCTION_NAME },
+    latency_seconds: latency,
+  };
+}
+
+// ---- the service ------------------------------------------------------------------------------
+
+/** The answer for a sample this stream will not score, or undefined to score it. */
+function refusal(sample: RewardSample, inFlight: Set<string>): SampleScore | undefined {
+  const id = sample.sample_id ?? "";
+  if (!id) return errorScore(id, "ERROR_CLASS_INVALID", "sample has an empty sample_id");
+  if (inFlight.has(id)) {
+    return errorScore(id, "ERROR_CLASS_INVALID", `sample '${id}' is already in flight on this stream`);
+  }
+  if (state.draining) {
+    return errorScore(id, "ERROR_CLASS_TRANSIENT", `UNAVAILABLE: sample '${id}' refused: reward server draining`);
+  }
+  if (inFlight.size >= MAX_IN_FLIGHT) {
+    const message =
+      `RESOURCE_EXHAUSTED: sample '${id}' refused: ${inFlight.size} samples already in flight ` +
+      `(max_in_flight ${MAX_IN_FLIGHT})`;
+    return errorScore(id, "ERROR_CLASS_TRANSIENT", message);
+  }
+  return undefined;
+}
+
+function score(call: grpc.ServerDuplexStream<ScoreRequest, ScoreResponse>): void {
+  const error = denied(call);
+  if (error) {
+    call.emit("error", error);
+    return;
+  }
+  const inFlight = new Set<string>();
+  let readDone = false;
+  const endIfDone = () => {
+    if (readDone && inFlight.size === 0) call.end();
+  };
+  call.on("data", (request: ScoreRequest) => {
+    const sample = request.sample ?? ({ sample_id: "", fields: {} } as unknown as RewardSample);
+    const refused = refusal(sample, inFlight);
+    if (refused) {
+      call.write({ score: refused });
+      return;
+    }
+    inFlight.add(sample.sample_id);
+    void scoreSample(sample).then((result) => {
+      inFlight.delete(sample.sample_id);
+      if (!call.cancelled) call.write({ score: result });
+      endIfDone();
+    });
+  });
+  call.on("end", () => {
+    readDone = true;
+    endIfDone();
+  });
+  call.on("error", () => undefined); // the client went away: nobody is left to answer
+}
+
+function scoreBatch(
+  call: grpc.ServerUnaryCall<ScoreBatchRequest, { scores: SampleScore[] }>,
+  callback: grpc.sendUnaryData<{ scores: SampleScore[] }>,
+): void {
+  const samples = call.request.samples ?? [];
+  const fail = (code: grpc.status, details: string) => callback({ code, details });
+  const error = denied(call);
+  if (error) return callback(error);
+  if (state.draining) return fail(grpc.status.UNAVAILABLE, "reward server is draining");
+  if (samples.length > MAX_BATCH_SIZE) {
+    const details = `batch of ${samples.length} samples is over max_batch_size ${MAX_BATCH_SIZE}`;
+    return fail(grpc.status.RESOURCE_EXHAUSTED, details);
+  }
+  const seen = new Set<string>();
+  for (const [i, sample] of samples.entries()) {
+    if (!sample.sample_id) return fail(grpc.status.INVALID_ARGUMENT, `samples[${i}] has an empty sample_id`);
+    if (seen.has(sample.sample_id)) {
+      return fail(grpc.status.INVALID_ARGUMENT, `samples[${i}]: duplicate sample_id '${sample.sample_id}'`);
+    }
+    seen.add(sample.sample_id);
+  }
+  Promise.all(samples.map(scoreSample)).then(
+    (scores) => callback(null, { scores }),
+    (err) => fail(grpc.status.INTERNAL, `reward server failed: ${err}`),
+  );
+}
+
+function info(call: grpc.ServerUnaryCall<object, object>, callback: grpc.sendUnaryData<object>): void {
+  const error = denied(call);
+  if (error) return callback(error);
+  callback(null, {
+    name: FUNCTION_NAME,
+    version: VERSION,
+    max_batch_size: MAX_BATCH_SIZE,
+    max_in_flight: MAX_IN_FLIGHT,
+    min_score: 0,
+    max_score: 1,
+    functions: [FUNCTION_NAME],
+  });
+}
+
+/** The error for a call without the configured bearer token (RLJOB_REWARD_TOKEN), if one is configured. */
+function denied(call: { metadata: grpc.Metadata }): grpc.ServerErrorResponse | undefined {
+  const token = state.token;
+  if (!token || call.metadata.get("authorization")[0] === `Bearer ${token}`) return undefined;
+  const details = "bad or missing bearer token";
+  return Object.assign(new Error(details), { code: grpc.status.UNAUTHENTICATED, details });
+}
+
+// ---- start and drain --------------------------------------------------------------------------
+
+function loadProtos(protoDir: string): protoLoader.PackageDefinition {
+  return protoLoader.loadSync(["rljob/v1/reward_service.proto"], {
+    includeDirs: [protoDir],
+    keepCase: true,
+    longs: String,
+    enums: String,
+    defaults: true,
+    oneofs: true,
+  });
+}
+
+function main(): void {
+  const defaultProtoDir = process.env.RLJOB_PROTO_DIR ?? path.resolve(__dirname, "../../../proto");
+  const { values } = parseArgs({
+    options: {
+      port: { type: "string", default: "50052" },
+      host: { type: "string", default: "0.0.0.0" },
+      "proto-dir": { type: "string", default: defaultProtoDir },
+    },
+  });
+  const definition = loadProtos(values["proto-dir"]!);
+  const proto = grpc.loadPackageDefinition(definition) as unknown as {
+    rljob: { v1: { RewardService: grpc.ServiceClientConstructor } };
+  };
+  state.token = process.env.RLJOB_REWARD_TOKEN?.trim() || undefined;
+  const health = new HealthImplementation({ "": "SERVING", [SERVICE]: "SERVING" });
+  const server = new grpc.Server();
+  server.addService(proto.rljob.v1.RewardService.service, { Score: score, ScoreBatch: scoreBatch, Info: info });
+  health.addToServer(server);
+  new ReflectionService(definition).addToServer(server);
+
+  const address = `${values.host}:${values.port}`;
+  server.bindAsync(address, grpc.ServerCredentials.createInsecure(), (err, port) => {
+    if (err) {
+      console.error(`cannot bind ${address}: ${err.message}`);
+      process.exit(1);
+    }
+    console.log(`reward '${FUNCTION_NAME}' serving on ${values.host}:${port}`);
+  });
+
+  const drain = () => {
+    // Refuse new work, let samples in flight finish, then exit; give up after DRAIN_SECONDS.
+    state.draining = true;
+    health.setStatus("", "NOT_SERVING");
+    health.setStatus(SERVICE, "NOT_SERVING");
+    setTimeout(() => server.forceShutdown(), DRAIN_SECONDS * 1000).unref();
+    server.tryShutdown(() => process.exit(0));
+  };
+  process.once("SIGTERM", drain);
+  process.once("SIGINT", drain);
+}
+
+main();

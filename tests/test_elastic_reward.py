@@ -1,0 +1,82 @@
+"""The elastic reward pool on real reward servers: a burst scales it up, an idle stretch drains it
+down, and every sample is scored exactly once across the changes."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+from rljob.v1 import sample_pb2
+from rljob_api.reward import ReplicaRange, RewardFunction, RuleReward, ScalingSpec
+from rljob_workers.controller.elastic import ElasticRewardPool
+from rljob_workers.reward import RewardFunctionSet, RewardRouter
+from rljob_workers.reward.server import start_reward_server
+
+
+@dataclass
+class ServerPool:
+    """Reward replicas as in-process gRPC servers (the launcher uses Ray actors the same way)."""
+
+    actors: dict[str, Any] = field(default_factory=dict)
+    stopped: list[str] = field(default_factory=list)
+    count: int = 0
+
+    async def add(self) -> tuple[str, str]:
+        fn = RewardFunction(name="slow", kind="rule", rule=RuleReward(function="reward_fns:slow"))
+        functions = RewardFunctionSet.from_spec([fn], 10.0)
+        server, servicer = await start_reward_server(functions, name="slow", max_in_flight=4)
+        name = f"reward-{self.count}"
+        self.count += 1
+        self.actors[name] = (server, servicer)
+        return name, f"127.0.0.1:{server.port}"
+
+    async def stop(self, name: str) -> None:
+        server, servicer = self.actors.pop(name)
+        await server.stop(None)
+        await servicer.functions.aclose()
+        self.stopped.append(name)
+
+
+def sample(i: int) -> sample_pb2.RewardSample:
+    return sample_pb2.RewardSample(sample_id=f"p{i}/0", prompt_id=f"p{i}", completion="x", fields={"delay": "0.05"})
+
+
+async def scenario() -> tuple[list[int], list[str], int, int]:
+    router = RewardRouter(replica_timeout=10.0)
+    pool = ServerPool()
+    name, address = await pool.add()
+    await router.add_replica(name, address)
+    sent = 0
+    scaling = ScalingSpec(target_backlog_per_replica=4, cooldown_seconds=0.0, max_step_up=2, interval_seconds=0.05)
+    elastic = ElasticRewardPool(router, pool, ReplicaRange(min=1, max=4), scaling, arrivals=lambda: sent)
+    sizes: list[int] = []
+    scores: list[sample_pb2.SampleScore] = []
+
+    async def score(i: int) -> None:
+        scores.append(await router.score(sample(i)))
+
+    burst = [asyncio.create_task(score(i)) for i in range(48)]
+    sent = 48
+    for _ in range(8):  # the burst: a backlog of 48 against 4 per replica
+        await asyncio.sleep(0.05)
+        sizes.append((await elastic.step()).replicas)
+    await asyncio.gather(*burst)
+    for _ in range(6):  # idle: nothing waiting
+        sizes.append((await elastic.step()).replicas)
+    await router.close()
+    for name in list(pool.actors):
+        await pool.stop(name)
+    ids = [s.sample_id for s in scores]
+    assert all(not s.HasField("error") and s.score == 1.0 for s in scores)
+    return sizes, pool.stopped, len(ids), len(set(ids))
+
+
+def test_burst_scales_up_then_idle_drains_down_without_losing_a_score():
+    sizes, stopped, scored, unique = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert max(sizes) == 4, sizes  # capped at max
+    assert sizes[0] == 3  # one step up of at most maxStepUp
+    assert sizes[-1] == 1  # back to min
+    assert all(1 <= s <= 4 for s in sizes)
+    assert scored == unique == 48
+    assert len(stopped) >= 3

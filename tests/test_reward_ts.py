@@ -1,0 +1,170 @@
+"""The TypeScript reward server of examples/reward-server-ts: built with npm ci + tsc, scored through rljob's
+router and `remote` reward client, and used by a short RLJob on the real local launcher."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import shutil
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
+from rljob_api import parse_rljob
+from rljob_api.reward import RewardFunction
+from rljob_workers.grpc_server import channel
+from rljob_workers.reward import RewardFunctionSet, RewardRouter
+
+from conftest import REPO
+
+EXAMPLE = REPO / "examples" / "reward-server-ts"
+INVALID = sample_pb2.ERROR_CLASS_INVALID
+FUNCTION = sample_pb2.ERROR_CLASS_FUNCTION
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example copied out of the repository, installed from its lock file and compiled."""
+    npm, node = shutil.which("npm"), shutil.which("node")
+    if npm is None or node is None:
+        pytest.skip(f"node and npm are needed to build the TypeScript reward server (node: {node}, npm: {npm})")
+    root = tmp_path_factory.mktemp("ts") / "reward-server-ts"
+    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("node_modules", "dist"))
+    for command in (["ci", "--no-audit", "--no-fund"], ["run", "build"]):
+        done = subprocess.run([npm, *command], cwd=root, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"npm {' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert (root / "dist" / "server.js").is_file()
+    return root
+
+
+@contextlib.contextmanager
+def ts_server(root: Path, token: str | None = None) -> Iterator[str]:
+    """The built server on a free 127.0.0.1 port; yields host:port; stopped with SIGTERM (it drains)."""
+    env = {"PATH": str(Path(shutil.which("node") or "node").parent)}
+    if token:
+        env["RLJOB_REWARD_TOKEN"] = token
+    command = ["node", "dist/server.js", "--host", "127.0.0.1", "--port", "0", "--proto-dir", str(REPO / "proto")]
+    with subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.startswith("reward 'exact-match' serving on 127.0.0.1:"), line
+            yield line.split()[-1]
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(10) == 0, "the server should drain and exit cleanly on SIGTERM"
+        finally:
+            proc.kill()
+
+
+def sample(sid: str, completion: str, **fields: str) -> sample_pb2.RewardSample:
+    return sample_pb2.RewardSample(
+        sample_id=sid, prompt_id=sid.split("/")[0], prompt="2+3=", completion=completion, fields=fields
+    )
+
+
+def test_ts_server_scores_through_the_router_and_keeps_the_contract(built: Path) -> None:
+    async def go(address: str) -> None:
+        router = RewardRouter(replica_timeout=5)
+        await router.add_replica("ts", address)
+        right, eos, wrong, missing = await asyncio.gather(
+            router.score(sample("p/0", " 5", answer="5")),
+            router.score(sample("p/1", "5</s>junk", answer="5")),
+            router.score(sample("p/2", "6", answer="5")),
+            router.score(sample("p/3", "5")),
+        )
+        assert [(s.score, dict(s.components)) for s in (right, eos, wrong)] == [
+            (1.0, {"exact-match": 1.0}),
+            (1.0, {"exact-match": 1.0}),
+            (0.0, {"exact-match": 0.0}),
+        ]
+        assert missing.error.error_class == FUNCTION and "sample 'p/3' has no answer field" in missing.error.message
+        assert router.stats().replicas["ts"].scored == 4
+        await router.close()
+
+        async with channel(address) as ch:
+            stub = reward_service_pb2_grpc.RewardServiceStub(ch)
+            info = await stub.Info(reward_service_pb2.InfoRequest())
+            assert (info.name, list(info.functions), info.min_score, info.max_score) == (
+                "exact-match",
+                ["exact-match"],
+                0.0,
+                1.0,
+            )
+            call = stub.Score()
+            await call.write(reward_service_pb2.ScoreRequest(sample=sample("", "5", answer="5")))
+            await call.done_writing()
+            [empty] = [r.score async for r in call]
+            assert empty.error.error_class == INVALID and "empty sample_id" in empty.error.message
+            batch = [sample("x", "5", answer="5"), sample("x", "5", answer="5")]
+            with pytest.raises(grpc.aio.AioRpcError) as exc:
+                await stub.ScoreBatch(reward_service_pb2.ScoreBatchRequest(samples=batch))
+            assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "samples[1]: duplicate sample_id 'x'" in (exc.value.details() or "")
+            health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+
+    with ts_server(built) as address:
+        asyncio.run(asyncio.wait_for(go(address), 30))
+
+
+def test_ts_server_as_a_remote_reward_with_a_bearer_token(built: Path, tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("t0ken\n")
+
+    async def go(address: str) -> None:
+        for token, ok in ((str(token_file), True), (None, False)):
+            config: dict[str, Any] = {"endpoints": [address]} | ({"tokenFile": token} if token else {})
+            spec = RewardFunction.model_validate({"name": "ts", "kind": "remote", "remote": config})
+            functions = RewardFunctionSet.from_spec([spec], 5.0)
+            try:
+                result = await functions.score(sample("p/0", "5", answer="5"))
+            finally:
+                await functions.aclose()
+            if ok:
+                assert (result.score, result.HasField("error")) == (1.0, False), result.error.message
+            else:
+                assert result.error.error_class == FUNCTION and "UNAUTHENTICATED" in result.error.message
+
+    with ts_server(built, token="t0ken") as address:
+        asyncio.run(asyncio.wait_for(go(address), 30))
+
+
+@pytest.mark.ray
+def test_short_rljob_with_a_remote_reward_on_the_ts_server(built: Path, tmp_path: Path) -> None:
+    from rljob_workers.local import prepare
+    from rljob_workers.local_run import LocalRun
+    from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
+
+    from tiny_models import char_llama
+
+    char_llama(tmp_path / "model", eos_bias=3.0)
+    write_jsonl(tmp_path / "train.jsonl", make_problems(32, seed=1))
+    doc = yaml.safe_load((EXAMPLE / "rljob.yaml").read_text())
+    spec = doc["spec"]
+    spec["model"]["path"] = str(tmp_path / "model")
+    spec["data"]["path"] = str(tmp_path / "train.jsonl")
+    spec["checkpoint"] = {"dir": str(tmp_path / "ckpt"), "everySteps": 2}
+    spec["algorithm"].update(groupSize=4, promptsPerStep=4, totalSteps=2)
+    spec["rollout"]["sampling"]["maxNewTokens"] = 6
+    [function] = spec["reward"]["functions"]
+    assert function["kind"] == "remote"
+
+    with ts_server(built) as address:
+        function["remote"]["endpoints"] = [address]
+        job = parse_rljob(copy.deepcopy(doc))
+        run = LocalRun(job, prepare(job, None), tmp_path / "out", resume=False, display=False, metrics_port=0)
+        rc = asyncio.run(run.main())
+    assert rc == 0, run.view.message if run.view else "no view"
+    assert [r.step for r in run.reports] == [1, 2]
+    counts = run.reports[-1].counts
+    assert counts.scored >= 2 * 4 * 4 and counts.excluded_reward_error == 0
+    assert all(0.0 <= r.reward_mean <= 1.0 for r in run.reports)

@@ -1,0 +1,96 @@
+"""Apply the elastic reward policy: observe the router, decide with `scaling.decide`, add replicas or
+drain and stop them. No in-flight score is lost: a replica leaves the router (its samples finish)
+before its actor stops. Locally the launcher's actor pool is changed directly; on a cluster the
+same decision is what the operator reads from the ControlService to size the reward group."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from rljob_api.reward import ReplicaRange, ScalingSpec
+
+from ..reward.router import RewardRouter
+from ..scaling import ScalingDecision, ScalingObservation, ScalingState, decide
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaPool(Protocol):
+    """Starts and stops reward replicas (Ray actors locally)."""
+
+    actors: dict[str, object]
+
+    async def add(self) -> tuple[str, str]: ...
+    async def stop(self, name: str) -> None: ...
+
+
+@dataclass
+class ElasticRewardPool:
+    router: RewardRouter
+    pool: ReplicaPool
+    bounds: ReplicaRange
+    scaling: ScalingSpec
+    arrivals: Callable[[], int]  # samples sent to reward so far
+    drain_timeout: float = 60.0
+    state: ScalingState = field(default_factory=ScalingState)
+    desired: int = 0
+    drained: deque[str] = field(default_factory=lambda: deque(maxlen=32))
+    decisions: list[ScalingDecision] = field(default_factory=list)
+    _last: tuple[float, int] | None = None
+
+    def observe(self, now: float) -> ScalingObservation:
+        stats = self.router.stats()
+        live = [r for r in stats.replicas.values() if not r.draining]
+        backlog = stats.waiting + sum(r.outstanding for r in stats.replicas.values())
+        arrived = self.arrivals()
+        rate = 0.0
+        if self._last is not None and now > self._last[0]:
+            rate = (arrived - self._last[1]) / (now - self._last[0])
+        self._last = (now, arrived)
+        latencies = [r.latency_ewma_seconds for r in live if r.latency_ewma_seconds]
+        latency = sum(latencies) / len(latencies) if latencies else None
+        return ScalingObservation(now, backlog, rate, latency, len(self.pool.actors))
+
+    async def step(self, now: float | None = None) -> ScalingDecision:
+        """One observe-decide-apply round."""
+        decision = decide(self.state, self.observe(time.monotonic() if now is None else now), self.bounds, self.scaling)
+        self.state, self.desired = decision.state, decision.replicas
+        self.decisions.append(decision)
+        current = len(self.pool.actors)
+        if decision.replicas > current:
+            log.info("reward pool %d -> %d: %s", current, decision.replicas, decision.reason)
+            started = await asyncio.gather(*(self.pool.add() for _ in range(decision.replicas - current)))
+            for name, address in started:
+                await self.router.add_replica(name, address)
+        elif decision.replicas < current:
+            log.info("reward pool %d -> %d: %s", current, decision.replicas, decision.reason)
+            for name in self._victims(current - decision.replicas):
+                await self.router.remove_replica(name, self.drain_timeout)  # in-flight samples finish
+                await self.pool.stop(name)
+                self.drained.append(name)
+        return decision
+
+    def _victims(self, count: int) -> list[str]:
+        """The least-loaded replicas, newest first among equals."""
+        stats = self.router.stats().replicas
+        names = sorted(self.pool.actors, key=lambda n: (stats[n].outstanding if n in stats else 0, -_index(n)))
+        return names[:count]
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.scaling.interval_seconds)
+            await self.step()
+
+    def ready(self) -> int:
+        return sum(1 for r in self.router.stats().replicas.values() if not r.draining)
+
+
+def _index(name: str) -> int:
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
