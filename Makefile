@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 EXAMPLE ?= examples/arithmetic.yaml
 MODEL_DIR ?= .cache/models/tiny-arith
+DATA_FILE ?= .cache/data/arithmetic-train.jsonl
 
 .PHONY: setup run test lint typecheck unit generate model clean
 
@@ -20,7 +21,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 model: setup
-	$(BIN)/rljob make-model --task arithmetic --out $(MODEL_DIR)
+	$(BIN)/rljob make-model --task arithmetic --out $(MODEL_DIR) --data $(DATA_FILE)
 
 run: model
 	$(BIN)/rljob run $(EXAMPLE)

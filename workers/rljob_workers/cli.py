@@ -41,9 +41,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_make_model(args: argparse.Namespace) -> int:
     """Make the tiny local model and dataset of a built-in task (no download)."""
     from rljob_workers.models.tiny import make_tiny_model
+    from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
     out = make_tiny_model(args.out, task=args.task, seed=args.seed)
     print(f"model ready at {out}")
+    if args.data is not None:
+        # Prompts drawn apart from the model's warm-up data (its own seed).
+        path = write_jsonl(args.data, make_problems(args.prompts, seed=10_000 + args.seed))
+        print(f"{args.prompts} prompts at {path}")
     return 0
 
 
@@ -82,6 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--task", default="arithmetic", help="built-in task")
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data", type=Path, default=None, help="also write the task's prompts (JSON lines) here")
+    p.add_argument("--prompts", type=int, default=4096, help="number of prompts with --data")
 
     p = add("run", cmd_run)
     p.add_argument("file", type=Path, help="RLJob YAML file")

@@ -29,7 +29,7 @@ def prepare(job: RLJob, steps: int | None) -> WorkerConfigs:
         job.spec.algorithm.total_steps = steps
     for field, value in (("spec.model.path", job.spec.model.path), ("spec.data.path", job.spec.data.path)):
         if not Path(value).exists():
-            hint = " (make the example's with `make model`)" if "tiny-arith" in value else ""
+            hint = " (make the example's with `make model`)" if ".cache/" in value else ""
             raise SetupError(f"{field}: {value} does not exist{hint}")
     job.spec.model.path = str(Path(job.spec.model.path).resolve())
     job.spec.data.path = str(Path(job.spec.data.path).resolve())
