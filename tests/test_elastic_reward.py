@@ -31,11 +31,12 @@ class ServerPool:
         self.actors[name] = (server, servicer)
         return name, f"127.0.0.1:{server.port}"
 
-    async def stop(self, name: str) -> None:
+    async def stop(self, name: str) -> str:
         server, servicer = self.actors.pop(name)
         await server.stop(None)
         await servicer.functions.aclose()
         self.stopped.append(name)
+        return name
 
 
 def sample(i: int) -> sample_pb2.RewardSample:

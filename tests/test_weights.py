@@ -21,6 +21,7 @@ from rljob_workers.weights import (
     WeightServicer,
     WeightStreamError,
     as_service,
+    empty_buckets,
     from_proto,
     host_store,
     pack,
@@ -171,11 +172,15 @@ def test_publish_refuses_old_versions_and_other_parameters():
 
 
 def _receiver(port: int, phases: list[tuple[str, int, int, int, list[bytes]]], results: mp.Queue) -> None:
-    """A rollout replica: for each (group_id, rank, world_size, seed, plans) join, receive, verify."""
-    for group_id, rank, world_size, seed, wire in phases:
+    """A rollout replica: for each (group_id, rank, world_size, seed, plans) join, receive, verify.
+    After the first phase it receives into buffers it keeps (filled with garbage first)."""
+    for i, (group_id, rank, world_size, seed, wire) in enumerate(phases):
         group = WeightGroup.create(group_id, "127.0.0.1", port, rank, world_size, "gloo", timeout=30)
         plans = [from_proto(pb.Bucket.FromString(b)) for b in wire]
-        got = receive_broadcast(group, plans)
+        out = empty_buckets(plans) if i else None
+        for bucket in out or []:
+            bucket.view(torch.uint8).fill_(0xFF)
+        got = receive_broadcast(group, plans, out=out)
         want = _model(seed)
         wrong = [n for n in want if n not in got or got[n].dtype != want[n].dtype or not torch.equal(got[n], want[n])]
         results.put((group_id, rank, sorted(got), wrong))
@@ -214,6 +219,34 @@ def test_broadcast_to_two_processes_then_reform_without_one():
                 process.kill()
 
 
+def test_a_group_of_one_and_its_errors():
+    group = WeightGroup.create("solo", "127.0.0.1", 0, 0, 1, "gloo", timeout=10)  # rank 0 hosts its own store
+    tensor = torch.arange(6.0).view(2, 3)
+    group.broadcast(tensor)
+    assert tensor.equal(torch.arange(6.0).view(2, 3))
+    with pytest.raises(ValueError, match="contiguous"):
+        group.broadcast(tensor.t())
+    group.close()
+    group.close()
+    with pytest.raises(RuntimeError, match="'solo' is closed"):
+        group.broadcast(tensor)
+    with pytest.raises(ValueError, match="outside"):
+        WeightGroup.create("g", "127.0.0.1", 1, 2, 2)
+    with pytest.raises(ValueError, match="backend"):
+        WeightGroup.from_request(pb.JoinWeightGroupRequest(group_id="g", rank=1, world_size=2))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device for NCCL")
+def test_nccl_group_of_one_broadcasts_on_the_gpu():
+    group = WeightGroup.create("solo-nccl", "127.0.0.1", 0, 0, 1, "nccl", timeout=30)
+    tensor = torch.arange(4.0, device="cuda").to(torch.bfloat16)
+    group.broadcast(tensor)
+    torch.cuda.synchronize()
+    assert tensor.cpu().equal(torch.arange(4.0).to(torch.bfloat16))
+    group.close()
+
+
 # --- WeightService pull ----------------------------------------------------------------------
 
 
@@ -241,21 +274,23 @@ def test_pull_returns_exactly_the_newest_version():
 def test_missing_version_is_failed_precondition_and_empty_service_says_minus_one():
     publisher = WeightPublisher(BUCKET_BYTES)
 
-    async def body(address: str) -> tuple[int, list[str]]:
+    async def latest_and_error(address: str, min_version: int) -> tuple[int, str]:
         async with channel(address) as ch:
             latest = await wgrpc.WeightServiceStub(ch).GetLatestVersion(wpb.GetLatestVersionRequest())
-        errors = []
-        for min_version in (0, 5):
-            with pytest.raises(grpc.aio.AioRpcError) as caught:
-                await pull_weights(address, min_version)
-            assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-            errors.append(caught.value.details() or "")
-            publisher.publish(1, _model(1).items()) if publisher.latest_version < 0 else None
-        return latest.version, errors
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await pull_weights(address, min_version)
+        assert caught.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        return latest.version, caught.value.details() or ""
 
-    latest, errors = asyncio.run(_serve(WeightServicer(publisher), body))
-    assert latest == -1
-    assert "≥ 0: none is published" in errors[0] and "≥ 5: the newest is 1" in errors[1]
+    async def body(address: str) -> list[tuple[int, str]]:
+        empty = await latest_and_error(address, 0)
+        publisher.publish(1, _model(1).items())
+        return [empty, await latest_and_error(address, 5)]
+
+    assert asyncio.run(_serve(WeightServicer(publisher), body)) == [
+        (-1, "no weights of version ≥ 0: none is published"),
+        (1, "no weights of version ≥ 5: the newest is 1"),
+    ]
 
 
 class _PublishMidStream(WeightServicer):

@@ -85,9 +85,10 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         props = {}
         for name, prop in schema.get("properties", {}).items():
             node = structural(prop, defs)
-            # Defaulting a nested object to {} lets the API server fill in its own defaults.
+            # An omitted nested object defaults to all of its fields' defaults, spelled out: the API
+            # server checks a default against the CEL rules as it is, without defaulting inside it.
             if name not in required and "default" not in node and _all_optional(node):
-                node["default"] = {}
+                node["default"] = {k: v["default"] for k, v in node["properties"].items() if "default" in v}
             props[name] = node
         if props:
             out["properties"] = props

@@ -57,6 +57,9 @@ class RolloutActor:
         self.server, self.servicer = await serve_rollout(config, host, 0)
         return f"{host}:{self.server.port}"
 
+    def pod_name(self) -> str:
+        return os.environ.get("POD_NAME", "")
+
     async def stop(self) -> None:
         if self.server is not None:
             await self.server.stop(None)
@@ -82,6 +85,10 @@ class RewardActor:
         config = RewardWorkerConfig.model_validate_json(self.config_json)
         self.server, self.servicer = await serve_reward(config, host, 0)
         return f"{host}:{self.server.port}"
+
+    def pod_name(self) -> str:
+        """The Kubernetes pod this replica runs in (the operator deletes it once drained); '' locally."""
+        return os.environ.get("POD_NAME", "")
 
     async def stop(self) -> None:
         if self.server is not None:
@@ -148,10 +155,12 @@ class TrainerActor:
         self.weight_server = await start_server([weight_service(self.publisher)], host, 0)
         return f"{host}:{self.weight_server.port}"
 
-    async def publish(self, version: int) -> None:
+    async def publish(self, version: int, broadcast: bool = False) -> None:
+        """Snapshot the weights as `version`; with `broadcast`, send each bucket to the group as it is packed."""
         weights = await asyncio.to_thread(lambda: list(self.trainer.named_weights()))
         if self.rank == 0:
-            await asyncio.to_thread(self.publisher.publish, version, weights)
+            group = self.group if broadcast else None
+            await asyncio.to_thread(self.publisher.publish, version, weights, group)
 
     def bucket_plans(self) -> bytes:
         from rljob.v1 import rollout_service_pb2

@@ -96,8 +96,8 @@ class RayTrainer:
         )
         return dict(results[0])
 
-    async def publish(self, version: int) -> None:
-        await asyncio.gather(*(a.publish.remote(version) for a in self.actors))
+    async def publish(self, version: int, broadcast: bool = False) -> None:
+        await asyncio.gather(*(a.publish.remote(version, broadcast) for a in self.actors))
         if not self.plans:
             self.plans = await self.actors[0].bucket_plans.remote()
 
@@ -147,13 +147,16 @@ class ActorPool:
         self.actors[name], self.addresses[name] = actor, address
         return name, address
 
-    async def stop(self, name: str) -> None:
+    async def stop(self, name: str) -> str:
+        """Stop a replica; returns what names it to the operator (its pod on a cluster, else the replica)."""
         actor = self.actors.pop(name)
         self.addresses.pop(name, None)
         try:
+            pod = await actor.pod_name.remote()
             await actor.stop.remote()
         finally:
             ray.kill(actor)
+        return str(pod or name)
 
     def kill(self, name: str) -> None:
         """Kill a replica without warning (fault injection and tests)."""

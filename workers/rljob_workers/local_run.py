@@ -143,7 +143,7 @@ class LocalRun:
             backend = "nccl" if c.rollout.gpus > 0 and c.trainer.gpus_per_node > 0 else "gloo"
         self.weight_sync = WeightSync(trainer, self.clients, backend, c.controller.weight_sync.timeout_seconds)
         version = int(state.get("policy_version", 0))
-        await trainer.publish(version)
+        await self.weight_sync.publish_initial(version)
         if version > 0:
             await asyncio.gather(*(self.weight_sync.catch_up(r, version) for r in self.clients.live()))
         metrics = RunMetrics(self.job.metadata.name)

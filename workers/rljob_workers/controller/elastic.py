@@ -27,7 +27,7 @@ class ReplicaPool(Protocol):
     actors: dict[str, object]
 
     async def add(self) -> tuple[str, str]: ...
-    async def stop(self, name: str) -> None: ...
+    async def stop(self, name: str) -> str: ...
 
 
 @dataclass
@@ -72,8 +72,7 @@ class ElasticRewardPool:
             log.info("reward pool %d -> %d: %s", current, decision.replicas, decision.reason)
             for name in self._victims(current - decision.replicas):
                 await self.router.remove_replica(name, self.drain_timeout)  # in-flight samples finish
-                await self.pool.stop(name)
-                self.drained.append(name)
+                self.drained.append(await self.pool.stop(name))
         return decision
 
     def _victims(self, count: int) -> list[str]:

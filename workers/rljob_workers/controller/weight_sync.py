@@ -31,7 +31,7 @@ class WeightSource(Protocol):
 
     weight_address: str
 
-    async def publish(self, version: int) -> None: ...
+    async def publish(self, version: int, broadcast: bool = False) -> None: ...
     def broadcast_source(self, group_id: str) -> pb.BroadcastSource: ...
     async def open_group(self, group_id: str, world_size: int, backend: str, timeout: float) -> tuple[str, int]: ...
     async def join_group(self) -> None: ...
@@ -46,15 +46,16 @@ class WeightSync:
     timeout: float
     members: tuple[str, ...] = ()
     group_id: str = ""
+    published: int = -1
     seconds: list[float] = field(default_factory=list)
 
     async def __call__(self, version: int) -> None:
         """Publish `version` and deliver it to every live replica (re-forming the group if needed)."""
         started = time.monotonic()
-        await self.trainer.publish(version)
         for _attempt in range(3):
             live = self.rollout.live()
             if not live:
+                await self._publish_only(version)
                 return
             if tuple(r.name for r in live) != self.members:
                 await self._form_group(live)
@@ -94,7 +95,12 @@ class WeightSync:
         """Run one broadcast; returns the replicas that failed to take it."""
         request = pb.UpdateWeightsRequest(version=version, broadcast=self.trainer.broadcast_source(self.group_id))
         calls = [r.stub.UpdateWeights(request, timeout=self.timeout) for r in live]
-        results = await asyncio.gather(self.trainer.broadcast(), *calls, return_exceptions=True)
+        # First attempt: pack and send bucket by bucket (overlapped); a retry re-sends the snapshot.
+        first = self.published < version
+        send = self.trainer.publish(version, broadcast=True) if first else self.trainer.broadcast()
+        results = await asyncio.gather(send, *calls, return_exceptions=True)
+        if not isinstance(results[0], BaseException):
+            self.published = version
         failed = [r for r, result in zip(live, results[1:], strict=True) if isinstance(result, BaseException)]
         if isinstance(results[0], BaseException) and not failed:
             raise results[0]
@@ -102,6 +108,15 @@ class WeightSync:
             if isinstance(result, BaseException):
                 log.warning("weight update of %s failed: %s", replica.name, result)
         return failed
+
+    async def publish_initial(self, version: int) -> None:
+        """Publish the starting version (for late replicas and the bucket plan), sending nothing."""
+        await self._publish_only(version)
+
+    async def _publish_only(self, version: int) -> None:
+        if self.published < version:
+            await self.trainer.publish(version)
+            self.published = version
 
     async def catch_up(self, replica: Replica, version: int) -> None:
         """Bring a replica that starts late to `version` over the WeightService chunk stream."""

@@ -16,7 +16,9 @@ import random
 from collections.abc import Iterable
 from pathlib import Path
 
-# Default operand range, inclusive: two-digit sums small enough for a tiny model.
+# Default operand range, inclusive: two-digit operands, so every prompt has one layout
+# ("ab+cd="), and two-digit sums; small enough for a tiny model to learn in seconds.
+MIN_OPERAND = 10
 MAX_OPERAND = 49
 
 # End-of-sequence texts that a decoder may leave in a completion when it does not skip
@@ -31,14 +33,17 @@ def problem(a: int, b: int) -> dict[str, str]:
     return {"prompt": f"{a}+{b}=", "answer": str(a + b)}
 
 
-def make_problems(n: int, seed: int, max_operand: int = MAX_OPERAND) -> list[dict[str, str]]:
-    """``n`` problems with operands drawn uniformly from ``0..max_operand``.
+def make_problems(
+    n: int, seed: int, max_operand: int = MAX_OPERAND, min_operand: int = MIN_OPERAND
+) -> list[dict[str, str]]:
+    """``n`` problems with operands drawn uniformly from ``min_operand..max_operand``.
 
     The same ``(n, seed, max_operand)`` always gives the same list (its own RNG, not the
     global one), and a longer list starts with the shorter one.
     """
     rng = random.Random(seed)
-    pairs = [(rng.randint(0, max_operand), rng.randint(0, max_operand)) for _ in range(n)]
+    lo, hi = min_operand, max_operand
+    pairs = [(rng.randint(lo, hi), rng.randint(lo, hi)) for _ in range(n)]
     return [problem(a, b) for a, b in pairs]
 
 

@@ -73,14 +73,18 @@ class WeightGroup:
         store: dist.Store | None = None,
     ) -> WeightGroup:
         """Join group `group_id`; blocks until all world_size members have joined (gloo connects
-        its full mesh here; NCCL connects on the first collective). Rank 0 passes the store it
-        hosts (host_store); the others connect to master_address:master_port as clients."""
+        its full mesh here; NCCL connects on the first collective), so rank 0 calls it while the
+        replicas handle JoinWeightGroup. Rank 0 passes the store it hosts (host_store) and keeps
+        it for the groups that follow; without one it hosts a store on master_port itself. The
+        other ranks connect to master_address:master_port."""
         if not group_id:
             raise ValueError("group_id must not be empty")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside a group of world_size {world_size}")
         wait = timedelta(seconds=timeout)
-        if store is None:
+        if store is None and rank == 0:
+            store = host_store(master_address, master_port, timeout)
+        elif store is None:
             store = dist.TCPStore(master_address, master_port, None, False, wait)
         scoped = dist.PrefixStore(f"{KEY_PREFIX}/{group_id}/", store)
         return cls(group_id, rank, world_size, backend, _make_backend(backend, scoped, rank, world_size, wait))

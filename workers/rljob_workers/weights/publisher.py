@@ -33,11 +33,11 @@ from rljob_workers.weights.buckets import BucketPlan, TensorSlot, dtype_name, pa
 from rljob_workers.weights.group import WeightGroup
 
 # Bucket size when none is given. On CPU (gloo), 8 MiB measured best in benchmarks/weight_sync
-# (4 MiB to 256 MiB tried): small enough that packing bucket i+1 overlaps sending bucket i
-# from the first bucket on, and that a receiver's fresh buckets come from malloc's reused
-# heap instead of newly faulted pages; the ~55 collectives this makes for a 100 M model cost
-# little. On CUDA (NCCL) larger messages are needed to reach bus bandwidth and the caching
-# allocator makes buffers cheap; 256 MiB there is the usual choice, not measured here.
+# (4 MiB to 256 MiB tried): packing bucket i+1 overlaps sending bucket i from the first bucket
+# on, and a replica receiving into new buckets is faster in 8 MiB pieces than in large ones;
+# the ~40 collectives this makes for a 100 M model cost little. On CUDA (NCCL) larger
+# messages are needed to reach bus bandwidth and the caching allocator makes buffers cheap;
+# 256 MiB there is the usual choice, not measured here.
 CPU_BUCKET_BYTES = 8 * 1024 * 1024
 CUDA_BUCKET_BYTES = 256 * 1024 * 1024
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
@@ -102,10 +102,10 @@ class WeightPublisher:
         """Snapshot the parameters as `version`. With `group`, each bucket is broadcast as soon as it
         is packed, so packing the next bucket overlaps sending this one (the replicas run
         receive_broadcast meanwhile); without, call broadcast() later or let replicas pull."""
+        if version < 0 or version <= self.latest_version:
+            raise ValueError(f"version {version} is not newer than the published {self.latest_version}")
         tensors = {name: tensor.detach() for name, tensor in named_tensors}
         plans = self._check_plan(tensors)
-        if version <= self.latest_version:
-            raise ValueError(f"version {version} is not newer than the published {self.latest_version}")
         buffers = self._take_spare()
         buckets, pending = [], []
         with torch.no_grad():

@@ -1,7 +1,7 @@
 """Rollout side of the checkpoint engine: receive a version by broadcast or pull it as a chunk stream.
 
-Both return fresh tensors keyed by parameter name; the caller loads them into its engine
-at a safe point. Nothing here touches the weights being served.
+Both return tensors keyed by parameter name; the caller loads them into its engine at a
+safe point. Nothing here touches the weights being served.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def receive_broadcast(
     tensors: dict[str, Tensor] = {}
     for plan, flat in zip(plans, buckets, strict=True):
         tensors.update(unpack(plan, flat))  # checks every buffer against its plan before anything arrives
-    # All receives are posted at once so the next bucket's is ready when the current one ends.
+    # All receives are posted at once: the next bucket's is ready when the current one ends, and
+    # new buckets fault their pages in while earlier ones stream (benchmarks/weight_sync).
     pending = [group.broadcast_async(flat, src=0) for flat in buckets]
     for work in pending:
         work.wait()

@@ -1,0 +1,308 @@
+"""Operator benchmark: 50 RLJobs applied at once on the simulated cluster (e2e/: real API server,
+scheduler, controller-manager, KubeRay; kwok nodes).
+
+Measures, per RLJob, from its create call returning:
+- apply -> RayCluster created (the operator's create handler; target p99 < 2 s),
+- apply -> the pools' pods all Running (KubeRay, scheduler, kwok after the operator),
+- apply -> phase Running (pools, head and driver running, as the operator's status says),
+and the operator's resident memory (peak, sampled every 0.2 s; target < 200 MB), CPU time and
+reconcile errors (target 0). Baseline, in the same run and on the same cluster: the same 50
+RayClusters (as the operator renders them) created directly by this script, timed the same way,
+which is what the control plane alone costs under this load.
+
+kwok runs no container and would complete the driver Job at once, so, as in the integration tests,
+head and driver pods are placed on a label no node has and this script reports them Running as a
+kubelet would, the moment they appear.
+
+    python benchmarks/operator/run.py [--jobs 50] [--interval 5] [--json out.json] [--crd FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config, watch
+
+from rljob_operator.options import RenderOptions
+
+REPO = Path(__file__).resolve().parents[2]
+E2E = REPO / "e2e"
+SYSTEM_POOL = {"rljob.io/e2e-pool": "system"}
+
+
+def sh(*args: str, env: dict[str, str], input: str | None = None) -> str:
+    out = subprocess.run(list(args), env=env, input=input, capture_output=True, text=True)
+    if out.returncode:
+        raise RuntimeError(f"{' '.join(args)}:\n{out.stderr[-2000:]}")
+    return out.stdout
+
+
+def start_cluster(state: Path) -> dict[str, str]:
+    env = {**os.environ, "RLJOB_E2E_STATE": str(state)}
+    sh("bash", str(E2E / "cluster.sh"), "start", env=env)
+    dump = subprocess.run(
+        ["bash", "-c", f'eval "$(bash {E2E / "cluster.sh"} env)" && env -0'], env=env, capture_output=True, check=True
+    ).stdout.decode()
+    env = dict(item.split("=", 1) for item in dump.split("\0") if "=" in item)
+    sh("bash", str(E2E / "cluster.sh"), "kuberay", env=env)
+    # 3 one-CPU pods per job (rollout, trainer, reward): 12 nodes of 32 cores hold the operator's 50 jobs
+    # and the baseline's 50 RayClusters side by side.
+    sh(sys.executable, str(E2E / "nodes.py"), "apply", "--pool", "cpu:12:0", env=env)
+    return env
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class Recorder:
+    """Watches RayClusters, RLJobs and pods; plays the kubelet for head and driver pods."""
+
+    def __init__(self, namespace: str) -> None:
+        self.ns = namespace
+        self.ray_cluster: dict[str, float] = {}
+        self.running: dict[str, float] = {}
+        self.pools_running: dict[str, float] = {}
+        self._running_pods: dict[str, set[str]] = {}
+        self.stop = threading.Event()
+        self.custom = client.CustomObjectsApi()
+        self.core = client.CoreV1Api()
+
+    def watch_ray_clusters(self) -> None:
+        w = watch.Watch()
+        for event in w.stream(self.custom.list_namespaced_custom_object, "ray.io", "v1", self.ns, "rayclusters"):
+            if event["type"] == "ADDED":
+                job = event["object"]["metadata"]["labels"].get("rljob.io/job", "")
+                self.ray_cluster.setdefault(job, time.monotonic())
+            if self.stop.is_set():
+                return
+
+    def watch_rljobs(self) -> None:
+        w = watch.Watch()
+        for event in w.stream(self.custom.list_namespaced_custom_object, "rljob.io", "v1alpha1", self.ns, "rljobs"):
+            obj = event["object"]
+            if (obj.get("status") or {}).get("phase") == "Running":
+                self.running.setdefault(obj["metadata"]["name"], time.monotonic())
+            if self.stop.is_set():
+                return
+
+    def kubelet(self) -> None:
+        """Pool pods: note when a job's three pools run. Head and driver pods stay unscheduled (no node has
+        their label): report them Running."""
+        w = watch.Watch()
+        for event in w.stream(self.core.list_namespaced_pod, self.ns, label_selector="rljob.io/job"):
+            pod = event["object"]
+            labels = pod.metadata.labels or {}
+            job = labels.get("rljob.io/job", "")
+            if labels.get("rljob.io/pool") and pod.status.phase == "Running":
+                running = self._running_pods.setdefault(job, set())
+                running.add(labels["rljob.io/pool"])
+                if len(running) == 3:
+                    self.pools_running.setdefault(job, time.monotonic())
+            system = labels.get("rljob.io/component") in ("head", "driver")
+            if system and event["type"] != "DELETED" and pod.status.phase == "Pending":
+                status = {
+                    "phase": "Running",
+                    "conditions": [
+                        {"type": "PodScheduled", "status": "True"},
+                        {"type": "Ready", "status": "True"},
+                        {"type": "ContainersReady", "status": "True"},
+                    ],
+                }
+                try:
+                    self.core.patch_namespaced_pod_status(pod.metadata.name, self.ns, {"status": status})
+                except client.ApiException as exc:
+                    print(f"kubelet: {pod.metadata.name}: {exc.status}", file=sys.stderr)
+            if self.stop.is_set():
+                return
+
+
+def quietly(target: Any, stop: threading.Event) -> Any:
+    """A watch thread that ends silently when the cluster goes away at the end of the run."""
+
+    def run() -> None:
+        try:
+            target()
+        except Exception:
+            if not stop.is_set():
+                raise
+
+    return run
+
+
+def rljob(name: str, namespace: str) -> dict[str, Any]:
+    doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
+    doc = copy.deepcopy(doc)
+    doc["metadata"] = {"name": name, "namespace": namespace}
+    return doc
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def latencies(applied: dict[str, float], seen: dict[str, float]) -> dict[str, float | int | None]:
+    values = [seen[n] - t for n, t in applied.items() if n in seen]
+    if not values:
+        return {"n": 0, "p50_s": None, "p99_s": None}
+    return {"n": len(values), "p50_s": round(percentile(values, 50), 3), "p99_s": round(percentile(values, 99), 3)}
+
+
+def handler_stats(metrics: str, handler: str) -> dict[str, float]:
+    def total(name: str) -> float:
+        prefix = f'rljob_operator_reconcile_seconds_{name}{{handler="{handler}",result="ok"}}'
+        return sum(float(line.split()[-1]) for line in metrics.splitlines() if line.startswith(prefix))
+
+    count = total("count")
+    return {"count": count, "mean_s": round(total("sum") / count, 3) if count else 0.0}
+
+
+def baseline(jobs: int, options: Any) -> dict[str, Any]:
+    """The same RayClusters, created directly: the control plane's own cost under the same load."""
+    from rljob_api import parse_rljob
+    from rljob_operator.options import RewardGroup
+    from rljob_operator.raycluster import render_ray_cluster
+
+    ns = "baseline"
+    client.CoreV1Api().create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    recorder = Recorder(ns)
+    for target in (recorder.watch_ray_clusters, recorder.kubelet):
+        threading.Thread(target=quietly(target, recorder.stop), daemon=True).start()
+    time.sleep(1)
+    custom = client.CustomObjectsApi()
+    applied: dict[str, float] = {}
+    for i in range(jobs):
+        name = f"base-{i:03d}"
+        doc = render_ray_cluster(parse_rljob(rljob(name, ns)), options, RewardGroup())
+        doc["metadata"]["labels"] = {"rljob.io/job": name}
+        custom.create_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", doc)
+        applied[name] = time.monotonic()
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and len(recorder.pools_running) < jobs:
+        time.sleep(0.5)
+    recorder.stop.set()
+    return {
+        "create_to_raycluster_seen": latencies(applied, recorder.ray_cluster),
+        "create_to_pools_running": latencies(applied, recorder.pools_running),
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=50)
+    parser.add_argument("--interval", type=float, default=5.0, help="the operator's status poll interval")
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--crd", type=Path, default=REPO / "crds" / "rljob.io_rljobs.yaml")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    state = Path(tempfile.mkdtemp(prefix="rljob-bench-"))
+    env = start_cluster(state)
+    operator: subprocess.Popen[bytes] | None = None
+    try:
+        sh(str(Path(env["RLJOB_E2E_BIN"]) / "kubectl"), "apply", "--server-side", "-f", str(args.crd), env=env)
+        for _ in range(60):  # `kubectl wait` fails at once while the CRD has no conditions yet
+            try:
+                sh(str(Path(env["RLJOB_E2E_BIN"]) / "kubectl"), "wait", "--for=condition=Established",
+                   "crd/rljobs.rljob.io", env=env)  # fmt: skip
+                break
+            except RuntimeError:
+                time.sleep(1)
+        config.load_kube_config(env["KUBECONFIG"])
+        ns = "bench"
+        client.CoreV1Api().create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+        metrics_port = 18000 + os.getpid() % 1000
+        log = (state / "operator.log").open("wb")
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "rljob_operator", f"--interval={args.interval}", "--metrics-host=127.0.0.1",
+             f"--metrics-port={metrics_port}", f"--system-node-selector={json.dumps(SYSTEM_POOL)}"],
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        time.sleep(5)  # the operator lists RLJobs and starts watching
+        idle_mb = rss_mb(operator.pid)
+        cpu_before = cpu_seconds(operator.pid)
+        recorder = Recorder(ns)
+        for target in (recorder.watch_ray_clusters, recorder.watch_rljobs, recorder.kubelet):
+            threading.Thread(target=quietly(target, recorder.stop), daemon=True).start()
+        time.sleep(1)
+        peak = [idle_mb]
+
+        def sample() -> None:
+            while operator is not None and operator.poll() is None and not recorder.stop.is_set():
+                peak.append(rss_mb(operator.pid))
+                time.sleep(0.2)
+
+        threading.Thread(target=sample, daemon=True).start()
+        custom = client.CustomObjectsApi()
+        applied: dict[str, float] = {}
+        burst_start = time.monotonic()
+        for i in range(args.jobs):
+            name = f"bench-{i:03d}"
+            custom.create_namespaced_custom_object("rljob.io", "v1alpha1", ns, "rljobs", rljob(name, ns))
+            applied[name] = time.monotonic()
+        burst = time.monotonic() - burst_start
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline and len(recorder.running) < args.jobs:
+            time.sleep(0.5)
+        time.sleep(2 * args.interval)  # a few more polls at steady state
+        recorder.stop.set()
+        cpu = cpu_seconds(operator.pid) - cpu_before
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        error_lines = [line for line in metrics.splitlines() if line.startswith("rljob_operator_errors_total{")]
+        errors = sum(float(line.split()[-1]) for line in error_lines)
+        result: dict[str, Any] = {
+            "jobs": args.jobs,
+            "interval_s": args.interval,
+            "apply_burst_s": round(burst, 2),
+            "operator": {
+                "apply_to_raycluster": latencies(applied, recorder.ray_cluster),
+                "apply_to_pools_running": latencies(applied, recorder.pools_running),
+                "apply_to_phase_running": latencies(applied, recorder.running),
+                "create_handler": handler_stats(metrics, "reconcile"),
+                "rss_idle_mb": round(idle_mb, 1),
+                "rss_peak_mb": round(max(peak), 1),
+                "cpu_seconds": round(cpu, 1),
+                "reconcile_errors": errors,
+            },
+        }
+        operator.terminate()
+        operator.wait(timeout=30)
+        operator = None
+        result["baseline_direct_rayclusters"] = baseline(args.jobs, RenderOptions(system_node_selector=SYSTEM_POOL))
+        result["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
+        print(json.dumps(result, indent=2))
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        return 0
+    finally:
+        if operator is not None:
+            operator.terminate()
+            operator.wait(timeout=30)
+        subprocess.run(["bash", str(E2E / "cluster.sh"), "clean"], env=env, capture_output=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

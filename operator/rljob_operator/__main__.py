@@ -1,0 +1,62 @@
+"""`python -m rljob_operator [flags]` runs the operator.
+
+`python -m rljob_operator render FILE` prints the children an RLJob file renders to.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+
+def render_command(argv: Sequence[str]) -> int:
+    """Print the children an RLJob file renders to (no cluster needed)."""
+    import argparse
+
+    from rljob_api import RLJobInvalid, load_rljob
+
+    from .dump import dump_all
+    from .options import RenderOptions
+    from .render import render
+
+    parser = argparse.ArgumentParser(prog="python -m rljob_operator render")
+    parser.add_argument("file", help="RLJob YAML file")
+    args = parser.parse_args(list(argv))
+    try:
+        job = load_rljob(args.file)
+    except RLJobInvalid as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    sys.stdout.write(dump_all(render(job, RenderOptions())))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["render"]:
+        return render_command(args[1:])
+    import kopf
+
+    from . import handlers  # noqa: F401  (registers the handlers)
+    from .config import parse_config
+
+    config = parse_config(args, os.environ)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Every watch event runs the `remember` handler; its "succeeded" line would drown the log.
+    logging.getLogger("kopf.objects").addFilter(
+        lambda record: not str(record.msg).startswith("Handler 'remember' succeeded")
+    )
+    kopf.run(
+        standalone=True,  # one replica (the chart's Deployment uses strategy Recreate): no peering needed
+        clusterwide=config.clusterwide,
+        namespaces=list(config.namespaces),
+        liveness_endpoint=config.liveness,
+        memo=kopf.Memo(config=config),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

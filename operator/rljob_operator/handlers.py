@@ -1,0 +1,163 @@
+"""kopf handlers, thin: validate into the model, then `ensure_children` / `refresh` (reconciler.py).
+
+- create, update (spec or labels) and resume (operator start): validate, apply the children, refresh status;
+- every RLJob seen on the watch is remembered; a background poller refreshes each one every `interval`
+  (children, the controller's ControlService, reward scaling, status, events);
+- deletion needs no handler and no finalizer: the children's ownerReferences let the garbage
+  collector remove them, even while the operator is down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from rljob_api import GROUP, PLURAL, VERSION, RLJobInvalid
+
+from .config import OperatorConfig
+from .control import ControlClients
+from .informer import Children
+from .kube import Kube, describe, load_api_client
+from .metrics import OperatorMetrics
+from .reconciler import Context, ensure_children, invalid_message, parse_job, post, refresh
+
+log = logging.getLogger(__name__)
+RESOURCE = (GROUP, VERSION, PLURAL)
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    config: OperatorConfig = memo.get("config") or OperatorConfig()
+    # kopf's bookkeeping lives in annotations: the CRD's status schema has no room for it.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+    metrics = OperatorMetrics()
+    if config.metrics_port:
+        port = metrics.serve(config.metrics_port, config.metrics_host)
+        logger.info(f"metrics on {config.metrics_host}:{port}/metrics")
+    api = load_api_client(config.concurrency)
+    ctx = Context(
+        config=config,
+        kube=Kube(api, workers=config.concurrency),
+        control=ControlClients(config.control_timeout_seconds),
+        metrics=metrics,
+    )
+    loop = asyncio.get_running_loop()
+
+    def changed(key: tuple[str, str]) -> None:  # called from the informers' threads
+        loop.call_soon_threadsafe(ctx.poke, key)
+
+    ctx.children = Children(api, config.namespaces, changed)
+    ctx.children.start()
+    memo["rljob"] = ctx
+    memo["poller"] = asyncio.create_task(poll_forever(ctx), name="rljob-poller")
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    poller = memo.get("poller")
+    if poller is not None:
+        poller.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await poller
+    ctx: Context | None = memo.get("rljob")
+    if ctx is not None:
+        if ctx.children is not None:
+            ctx.children.stop()
+        await ctx.control.close()
+        ctx.kube.close()
+
+
+@kopf.on.event(*RESOURCE)
+async def remember(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Keep the newest body of every RLJob for the poller; forget deleted ones."""
+    ctx: Context = memo["rljob"]
+    key = (body.metadata.namespace or "default", body.metadata.name or "")
+    if event.get("type") == "DELETED":
+        try:
+            job = parse_job(body)
+        except RLJobInvalid:
+            job = None
+        await ctx.forget(key, job)
+    else:
+        ctx.jobs[key] = dict(body)
+
+
+@kopf.on.resume(*RESOURCE)
+@kopf.on.create(*RESOURCE)
+@kopf.on.update(*RESOURCE, field="spec")
+@kopf.on.update(*RESOURCE, field="metadata.labels")
+async def reconcile(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
+    ctx: Context = memo["rljob"]
+    with ctx.metrics.reconcile("reconcile"):
+        try:
+            job = parse_job(body)
+        except RLJobInvalid as exc:
+            message = invalid_message(exc)
+            await post(ctx, body, "Warning", "InvalidSpec", message)
+            meta = body.metadata
+            status = {
+                "phase": "Failed",
+                "message": f"invalid spec: {message}",
+                "observedGeneration": meta.get("generation"),
+            }
+            await ctx.kube.patch_status(meta.namespace or "default", meta.name or "", status)
+            raise kopf.PermanentError(f"invalid spec: {message}") from None
+        try:
+            await ensure_children(ctx, job, body)
+        except ApiException as exc:
+            await post(ctx, body, "Warning", "ApplyFailed", describe(exc))
+            if exc.status in (400, 422):  # the API refuses the child as rendered: retrying will not help
+                raise kopf.PermanentError(f"a child was refused: {describe(exc)}") from exc
+            raise kopf.TemporaryError(f"applying children: {describe(exc)}", delay=10) from exc
+        await refresh(ctx, job, body)
+        logger.info(f"children applied; phase {ctx.last[(job.metadata.namespace, job.metadata.name)].phase}")
+
+
+async def poll_forever(ctx: Context) -> None:
+    """Refresh every known RLJob each interval (polling its controller), and a job whose children changed
+    as soon as the informers say so; `concurrency` at a time; a failure is logged and retried."""
+    loop = asyncio.get_running_loop()
+    gate = asyncio.Semaphore(ctx.config.concurrency)
+
+    async def poll(key: tuple[str, str], body: dict[str, Any], full: bool) -> None:
+        if (body.get("metadata") or {}).get("deletionTimestamp"):
+            return
+        try:
+            job = parse_job(body)
+        except RLJobInvalid:
+            return  # the reconcile handler reported it
+        async with gate:
+            try:
+                with ctx.metrics.reconcile("poll" if full else "refresh"):
+                    await refresh(ctx, job, body, poll_controller=full)
+            except ApiException as exc:
+                if exc.status != 404:  # 404: deleted meanwhile
+                    log.warning("refreshing %s/%s: %s", *key, describe(exc))
+            except Exception:
+                log.exception("refreshing %s/%s", *key)
+
+    next_full = loop.time()
+    while True:
+        full = loop.time() >= next_full
+        if full:
+            next_full = loop.time() + ctx.config.interval_seconds
+            keys = set(ctx.jobs)
+        else:
+            await asyncio.sleep(0.5)  # a burst of child events (pods starting) becomes one refresh per job
+            keys = ctx.poked & set(ctx.jobs)
+        ctx.poked.clear()
+        ctx.wake.clear()
+        await asyncio.gather(*(poll(key, ctx.jobs[key], full) for key in keys if key in ctx.jobs))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(ctx.wake.wait(), timeout=max(0.0, next_full - loop.time()))

@@ -1,0 +1,143 @@
+"""What the operator reads back from the cluster, reduced to the facts status and scaling need. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rljob_api.workercfg import POOLS, Pool
+
+from .names import LABEL_COMPONENT, LABEL_POOL
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """One pod: its phase, readiness, and why the scheduler could not place it (if it could not)."""
+
+    name: str
+    phase: str = "Pending"
+    ready: bool = False
+    unschedulable: str | None = None
+    deleting: bool = False
+    created: str = ""
+
+    @property
+    def serving(self) -> bool:
+        return self.phase == "Running" and self.ready and not self.deleting
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    """The driver Job: finished (Complete or Failed, with the reason), failed attempts, and its newest pod."""
+
+    complete: bool = False
+    failed: bool = False
+    message: str = ""
+    failed_attempts: int = 0
+    pod: PodInfo | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.complete or self.failed
+
+    @property
+    def running(self) -> bool:
+        return self.pod is not None and self.pod.phase == "Running" and not self.pod.deleting
+
+
+@dataclass(frozen=True)
+class Observed:
+    """The children as they are: the RayCluster (and its reward group's size), pool pods, the driver."""
+
+    ray_cluster: bool = False
+    reward_replicas: int | None = None
+    reward_workers_to_delete: tuple[str, ...] = ()
+    pods: Mapping[Pool, tuple[PodInfo, ...]] = field(default_factory=dict)
+    head: PodInfo | None = None
+    driver: DriverInfo | None = None
+
+    def pool_pods(self, pool: Pool) -> tuple[PodInfo, ...]:
+        return self.pods.get(pool, ())
+
+
+def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
+    for cond in (obj.get("status") or {}).get("conditions") or ():
+        if cond.get("type") == kind:
+            return dict(cond)
+    return None
+
+
+def pod_info(pod: Mapping[str, Any]) -> PodInfo:
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    ready = _condition(pod, "Ready")
+    scheduled = _condition(pod, "PodScheduled")
+    unschedulable = None
+    if scheduled and scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable":
+        unschedulable = str(scheduled.get("message") or "Unschedulable")
+    return PodInfo(
+        name=str(meta.get("name", "")),
+        phase=str(status.get("phase") or "Pending"),
+        ready=bool(ready and ready.get("status") == "True"),
+        unschedulable=unschedulable,
+        deleting=bool(meta.get("deletionTimestamp")),
+        created=str(meta.get("creationTimestamp") or ""),
+    )
+
+
+def driver_info(job: Mapping[str, Any] | None, pods: Iterable[PodInfo]) -> DriverInfo | None:
+    """The driver Job's state; None when there is no Job."""
+    if job is None:
+        return None
+    complete = _condition(job, "Complete")
+    failed = _condition(job, "Failed")
+    newest = max(pods, key=lambda p: (p.created, p.name), default=None)
+    is_failed = bool(failed and failed.get("status") == "True")
+    return DriverInfo(
+        complete=bool(complete and complete.get("status") == "True"),
+        failed=is_failed,
+        message=str((failed or {}).get("message") or "") if is_failed else "",
+        failed_attempts=int((job.get("status") or {}).get("failed") or 0),
+        pod=newest,
+    )
+
+
+def reward_group(ray_cluster: Mapping[str, Any] | None) -> tuple[int | None, tuple[str, ...]]:
+    """The reward worker group's replicas and workersToDelete as the RayCluster holds them."""
+    for group in ((ray_cluster or {}).get("spec") or {}).get("workerGroupSpecs") or ():
+        if group.get("groupName") == "reward":
+            to_delete = (group.get("scaleStrategy") or {}).get("workersToDelete") or ()
+            replicas = group.get("replicas")
+            return (int(replicas) if replicas is not None else None), tuple(str(n) for n in to_delete)
+    return None, ()
+
+
+def observe(
+    ray_cluster: Mapping[str, Any] | None,
+    pods: Iterable[Mapping[str, Any]],
+    driver_job: Mapping[str, Any] | None,
+) -> Observed:
+    """Group the job's pods (all labelled rljob.io/job) by pool and driver, and read the RayCluster."""
+    by_pool: dict[Pool, list[PodInfo]] = {p: [] for p in POOLS}
+    driver_pods: list[PodInfo] = []
+    heads: list[PodInfo] = []
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        info = pod_info(pod)
+        pool = labels.get(LABEL_POOL)
+        if pool in by_pool:
+            by_pool[pool].append(info)
+        elif labels.get(LABEL_COMPONENT) == "driver":
+            driver_pods.append(info)
+        elif labels.get(LABEL_COMPONENT) == "head":
+            heads.append(info)
+    replicas, to_delete = reward_group(ray_cluster)
+    return Observed(
+        ray_cluster=ray_cluster is not None,
+        reward_replicas=replicas,
+        reward_workers_to_delete=to_delete,
+        pods={p: tuple(sorted(v, key=lambda i: i.name)) for p, v in by_pool.items()},
+        head=max(heads, key=lambda p: (p.serving, p.created, p.name), default=None),
+        driver=driver_info(driver_job, driver_pods),
+    )

@@ -1,0 +1,53 @@
+"""What rendering needs besides the RLJob: operator-wide defaults and the owner, passed in, never read."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rljob_api import API_VERSION, KIND
+
+# The Ray version of the worker image (pinned in constraints.txt); KubeRay reads it for feature gates.
+DEFAULT_RAY_VERSION = "2.60.0"
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    """Operator-wide defaults of the children (set from the operator's flags or the chart's values)."""
+
+    ray_version: str = DEFAULT_RAY_VERSION
+    head_cpu: str = "1"
+    head_memory: str = "4Gi"
+    driver_cpu: str = "1"
+    driver_memory: str = "4Gi"
+    driver_backoff_limit: int = 3
+    # Where the head and driver (no GPUs) run: e.g. a CPU node pool.
+    system_node_selector: Mapping[str, str] = field(default_factory=dict)
+    system_tolerations: Sequence[Mapping[str, Any]] = ()
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The RLJob that owns every child; garbage collection deletes the children with it."""
+
+    name: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclass(frozen=True)
+class RewardGroup:
+    """The reward worker group's size as the scaling policy last set it (None: the spec's min)."""
+
+    replicas: int | None = None
+    workers_to_delete: tuple[str, ...] = ()

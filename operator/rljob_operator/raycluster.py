@@ -1,0 +1,189 @@
+"""The KubeRay RayCluster of an RLJob: a CPU head and one worker group per pool."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from rljob_api import RLJob
+from rljob_api.placement import Placement
+from rljob_api.workercfg import POOLS, Pool, pool_resource
+
+from .names import component_labels, pool_labels, ray_cluster_name
+from .options import RenderOptions, RewardGroup
+from .pods import pool_resources, ray_cpus, volume_mounts, volumes
+
+RAY_API_VERSION = "ray.io/v1"
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """One pool as KubeRay sees it: pods, Ray actors per pod, and each pod's GPUs and CPUs."""
+
+    pool: Pool
+    placement: Placement
+    replicas: int
+    min_replicas: int
+    max_replicas: int
+    actors_per_pod: int
+    gpus: int
+    cpus_per_actor: float
+
+
+def clamp_reward_replicas(job: RLJob, replicas: int | None) -> int:
+    """The reward group's size: the scaling policy's (the spec's min when there is none yet), within min..max."""
+    bounds = job.spec.reward.replicas
+    wanted = bounds.min if replicas is None else replicas
+    return max(bounds.min, min(bounds.max, wanted))
+
+
+def pool_shapes(job: RLJob, reward: RewardGroup) -> list[PoolShape]:
+    spec = job.spec
+    trainer_ranks = max(spec.trainer.gpus_per_node, 1)  # one rank per GPU, or one per node on CPU
+    reward_replicas = clamp_reward_replicas(job, reward.replicas)
+    shapes = {
+        "rollout": PoolShape(
+            "rollout",
+            spec.rollout,
+            spec.rollout.replicas,
+            spec.rollout.replicas,
+            spec.rollout.replicas,
+            1,
+            spec.rollout.gpus_per_replica,
+            spec.rollout.cpus,
+        ),
+        "trainer": PoolShape(
+            "trainer",
+            spec.trainer,
+            spec.trainer.nodes,
+            spec.trainer.nodes,
+            spec.trainer.nodes,
+            trainer_ranks,
+            spec.trainer.gpus_per_node,
+            spec.trainer.cpus,
+        ),
+        "reward": PoolShape(
+            "reward",
+            spec.reward,
+            reward_replicas,
+            spec.reward.replicas.min,
+            spec.reward.replicas.max,
+            1,
+            spec.reward.gpus_per_replica,
+            spec.reward.cpus,
+        ),
+    }
+    return [shapes[p] for p in POOLS]
+
+
+def _env(job: RLJob, pool: str) -> list[dict[str, Any]]:
+    return [
+        {"name": "RLJOB_JOB", "value": job.metadata.name},
+        {"name": "RLJOB_POOL", "value": pool},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+
+
+def ray_pod_account(job: RLJob) -> dict[str, Any]:
+    """Ray pods never call the Kubernetes API: no token. They run as the spec's account when it names one
+    (e.g. for cloud storage identity), else the namespace's default, so they need nothing the operator
+    creates and the RayCluster can be created first."""
+    account: dict[str, Any] = {"automountServiceAccountToken": False}
+    if job.spec.service_account_name:
+        account["serviceAccountName"] = job.spec.service_account_name
+    return account
+
+
+def worker_group(job: RLJob, shape: PoolShape, reward: RewardGroup) -> dict[str, Any]:
+    """One worker group: the pool's placement, GPUs, CPUs, and the Ray resource its actors require."""
+    cpus = shape.cpus_per_actor * shape.actors_per_pod
+    resources = pool_resources(shape.placement, cpus=cpus, gpus=shape.gpus)
+    tokens = shape.pool == "reward"
+    pod_spec: dict[str, Any] = {
+        **ray_pod_account(job),
+        "containers": [
+            {
+                "name": "ray-worker",
+                "image": job.spec.image,
+                "imagePullPolicy": job.spec.image_pull_policy,
+                "env": _env(job, shape.pool),
+                "resources": resources,
+                "volumeMounts": volume_mounts(job, tokens=tokens),
+            }
+        ],
+        "volumes": volumes(job, tokens=tokens),
+    }
+    if shape.placement.node_selector:
+        pod_spec["nodeSelector"] = dict(shape.placement.node_selector)
+    if shape.placement.tolerations:
+        pod_spec["tolerations"] = [t.to_wire() for t in shape.placement.tolerations]
+    group: dict[str, Any] = {
+        "groupName": shape.pool,
+        "replicas": shape.replicas,
+        "minReplicas": shape.min_replicas,
+        "maxReplicas": shape.max_replicas,
+        "rayStartParams": {
+            "num-cpus": str(ray_cpus(resources, cpus)),
+            "num-gpus": str(shape.gpus),
+            # KubeRay passes the value to `ray start --resources` as is: a JSON object inside quotes.
+            "resources": json.dumps(json.dumps({pool_resource(shape.pool): shape.actors_per_pod})),
+        },
+        "template": {"metadata": {"labels": pool_labels(job, shape.pool)}, "spec": pod_spec},
+    }
+    if shape.pool == "reward":
+        # Scale-down removes exactly the replicas the controller drained (see scaling.py).
+        group["scaleStrategy"] = {"workersToDelete": list(reward.workers_to_delete)}
+    return group
+
+
+def head_group(job: RLJob, options: RenderOptions) -> dict[str, Any]:
+    """The head: GCS and dashboard only (num-cpus 0), so no pool actor lands on it."""
+    pod_spec: dict[str, Any] = {
+        **ray_pod_account(job),
+        "containers": [
+            {
+                "name": "ray-head",
+                "image": job.spec.image,
+                "imagePullPolicy": job.spec.image_pull_policy,
+                "env": _env(job, "head"),
+                "resources": {
+                    "requests": {"cpu": options.head_cpu, "memory": options.head_memory},
+                    "limits": {"memory": options.head_memory},
+                },
+                "ports": [
+                    {"name": "gcs", "containerPort": 6379},
+                    {"name": "dashboard", "containerPort": 8265},
+                    {"name": "client", "containerPort": 10001},
+                ],
+            }
+        ],
+    }
+    if options.system_node_selector:
+        pod_spec["nodeSelector"] = dict(options.system_node_selector)
+    if options.system_tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in options.system_tolerations]
+    return {
+        "serviceType": "ClusterIP",
+        "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0", "num-gpus": "0"},
+        "template": {"metadata": {"labels": component_labels(job, "head")}, "spec": pod_spec},
+    }
+
+
+def render_ray_cluster(job: RLJob, options: RenderOptions, reward: RewardGroup) -> dict[str, Any]:
+    """The RayCluster (metadata without owner; `render` adds it)."""
+    return {
+        "apiVersion": RAY_API_VERSION,
+        "kind": "RayCluster",
+        "metadata": {
+            "name": ray_cluster_name(job),
+            "namespace": job.metadata.namespace,
+            "labels": component_labels(job, "pools"),
+        },
+        "spec": {
+            "rayVersion": options.ray_version,
+            "enableInTreeAutoscaling": False,  # the operator sizes the reward group, not Ray's autoscaler
+            "headGroupSpec": head_group(job, options),
+            "workerGroupSpecs": [worker_group(job, shape, reward) for shape in pool_shapes(job, reward)],
+        },
+    }

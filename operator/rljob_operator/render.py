@@ -1,0 +1,209 @@
+"""Render an RLJob into the Kubernetes objects that run it. Pure: everything it needs is an argument.
+
+Children: ServiceAccount, Role, RoleBinding (what the driver may read), the ConfigMap
+(`rljob.yaml`, `workers.json`), the control, metrics and reward Services, the pools (the
+RayCluster) and the driver (a batch Job). The handler applies them in dependency waves
+(reconciler.ensure_children). A suspended job has no pools and no driver; a finished one keeps its
+driver Job (the record of how it ended) but releases its pools.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from rljob_api import RLJob, derive_worker_configs
+
+from .names import (
+    CONFIG_DIR,
+    RLJOB_FILE,
+    WORKERS_FILE,
+    component_labels,
+    config_name,
+    control_service_name,
+    driver_name,
+    driver_selector,
+    head_service_name,
+    job_labels,
+    metrics_service_name,
+    pool_selector,
+    reward_service_name,
+    service_account_name,
+)
+from .options import Owner, RenderOptions, RewardGroup
+from .pods import volume_mounts, volumes
+from .raycluster import render_ray_cluster
+
+# The children that hold GPUs (the pools) and the driver: what suspend deletes.
+POOL_KINDS = ("RayCluster",)
+DRIVER_KINDS = ("Job",)
+DRIVER_COMMAND = ["rljob", "run", f"{CONFIG_DIR}/{RLJOB_FILE}", "--cluster", "--resume", "--no-display"]
+# The driver pod joins the Ray cluster as a node without CPUs or GPUs (so no pool actor lands on it), which
+# lets `ray.init(address="auto")` in `rljob run --cluster` find a local node, then runs the controller.
+DRIVER_SCRIPT = (
+    "set -e\n"
+    'ray start --address="$RAY_ADDRESS" --num-cpus=0 --num-gpus=0'
+    " --resources='{\"rljob.io/driver\": 1}' --disable-usage-stats\n"
+    "exec " + " ".join(DRIVER_COMMAND) + "\n"
+)
+
+
+def rljob_document(job: RLJob) -> str:
+    """The RLJob as the workers read it: apiVersion, kind, name/namespace/labels and the full spec."""
+    metadata: dict[str, Any] = {"name": job.metadata.name, "namespace": job.metadata.namespace}
+    if job.metadata.labels:
+        metadata["labels"] = dict(job.metadata.labels)
+    document = {
+        "apiVersion": job.api_version,
+        "kind": job.kind,
+        "metadata": metadata,
+        "spec": job.spec.to_wire(),
+    }
+    return yaml.safe_dump(document, sort_keys=False, allow_unicode=True)
+
+
+def _meta(job: RLJob, name: str, component: str) -> dict[str, Any]:
+    return {"name": name, "namespace": job.metadata.namespace, "labels": component_labels(job, component)}
+
+
+def render_config_map(job: RLJob) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(job, config_name(job), "config"),
+        "data": {
+            RLJOB_FILE: rljob_document(job),
+            WORKERS_FILE: derive_worker_configs(job).model_dump_json(),
+        },
+    }
+
+
+def render_rbac(job: RLJob) -> list[dict[str, Any]]:
+    """What the driver may do: read its ConfigMap and the job's pods (to name reward replicas by pod)."""
+    name = service_account_name(job)
+    out: list[dict[str, Any]] = []
+    if not job.spec.service_account_name:
+        out.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, name, "rbac")})
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": _meta(job, name, "rbac"),
+        "rules": [
+            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [config_name(job)], "verbs": ["get"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        ],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": _meta(job, name, "rbac"),
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.metadata.namespace}],
+    }
+    return [*out, role, binding]
+
+
+def render_services(job: RLJob) -> list[dict[str, Any]]:
+    """ControlService and metrics of the driver; a headless Service naming the reward replicas."""
+    ports = derive_worker_configs(job).ports
+
+    def service(name: str, component: str, selector: dict[str, str], port: int, port_name: str) -> dict[str, Any]:
+        spec: dict[str, Any] = {
+            "selector": selector,
+            "ports": [{"name": port_name, "port": port, "targetPort": port, "protocol": "TCP"}],
+        }
+        if component == "reward":
+            spec["clusterIP"] = "None"
+        return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(job, name, component), "spec": spec}
+
+    return [
+        service(control_service_name(job), "control", driver_selector(job), ports.control, "grpc"),
+        service(metrics_service_name(job), "metrics", driver_selector(job), ports.metrics, "metrics"),
+        service(reward_service_name(job), "reward", pool_selector(job, "reward"), ports.reward, "grpc"),
+    ]
+
+
+def render_driver(job: RLJob, options: RenderOptions) -> dict[str, Any]:
+    """The driver: a Job running the controller (`rljob run --cluster --resume`); a retry resumes from
+    the newest checkpoint, and its Complete/Failed condition is how the run ended."""
+    ports = derive_worker_configs(job).ports
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": service_account_name(job),
+        "containers": [
+            {
+                "name": "driver",
+                "image": job.spec.image,
+                "imagePullPolicy": job.spec.image_pull_policy,
+                "command": ["/bin/sh", "-c", DRIVER_SCRIPT],
+                "env": [
+                    {"name": "RAY_ADDRESS", "value": f"{head_service_name(job)}.{job.metadata.namespace}.svc:6379"},
+                    {"name": "RLJOB_JOB", "value": job.metadata.name},
+                    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+                ],
+                "ports": [
+                    {"name": "grpc", "containerPort": ports.control},
+                    {"name": "metrics", "containerPort": ports.metrics},
+                ],
+                "resources": {
+                    "requests": {"cpu": options.driver_cpu, "memory": options.driver_memory},
+                    "limits": {"memory": options.driver_memory},
+                },
+                "volumeMounts": volume_mounts(job, tokens=True),
+            }
+        ],
+        "volumes": volumes(job, tokens=True),
+    }
+    if options.system_node_selector:
+        pod_spec["nodeSelector"] = dict(options.system_node_selector)
+    if options.system_tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in options.system_tolerations]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(job, driver_name(job), "driver"),
+        "spec": {
+            "backoffLimit": options.driver_backoff_limit,
+            "template": {"metadata": {"labels": component_labels(job, "driver")}, "spec": pod_spec},
+        },
+    }
+
+
+def _finish(doc: dict[str, Any], job: RLJob, owner: Owner | None) -> dict[str, Any]:
+    metadata = doc["metadata"]
+    metadata["labels"] = {**job_labels(job), **metadata.get("labels", {})}
+    if owner is not None:
+        metadata["ownerReferences"] = [owner.reference()]
+    return doc
+
+
+def render(
+    job: RLJob,
+    options: RenderOptions,
+    *,
+    owner: Owner | None = None,
+    reward: RewardGroup | None = None,
+    finished: bool = False,
+) -> list[dict[str, Any]]:
+    """Every child the job should have now.
+
+    `reward` is the reward group's current size and the drained replicas to delete (see scaling.py);
+    `finished` (the driver Job completed or failed) releases the pools but keeps the driver Job.
+    """
+    reward = reward or RewardGroup()
+    docs = [*render_rbac(job), render_config_map(job), *render_services(job)]
+    if not job.spec.suspend:
+        if not finished:
+            docs.append(render_ray_cluster(job, options, reward))
+        docs.append(render_driver(job, options))
+    return [_finish(doc, job, owner) for doc in docs]
+
+
+def absent_kinds(job: RLJob, *, finished: bool = False) -> tuple[str, ...]:
+    """Kinds of child that must not exist now (suspended: pools and driver; finished: pools)."""
+    if job.spec.suspend:
+        return POOL_KINDS + DRIVER_KINDS
+    if finished:
+        return POOL_KINDS
+    return ()

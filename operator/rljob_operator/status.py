@@ -1,0 +1,209 @@
+"""An RLJob's status from what the cluster and the controller report. Pure: `now` is an argument."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from rljob.v1 import control_service_pb2 as control_pb
+from rljob_api import Condition, PoolReplicas, PoolsStatus, RLJob, RLJobStatus
+from rljob_api.status import Phase, RewardStats, StalenessStats
+from rljob_api.workercfg import POOLS, Pool
+
+from .observe import Observed
+from .raycluster import clamp_reward_replicas
+
+CONDITION_TYPES = ("RolloutReady", "TrainerReady", "RewardReady", "Progressing", "Degraded")
+READY_TYPE: dict[Pool, str] = {"rollout": "RolloutReady", "trainer": "TrainerReady", "reward": "RewardReady"}
+TERMINAL: tuple[Phase, ...] = ("Succeeded", "Failed")
+GPU_SHORTAGE = "Insufficient nvidia.com/gpu"
+
+
+def rfc3339(now: datetime) -> str:
+    return now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def desired_replicas(job: RLJob, observed: Observed, pool: Pool, *, live: bool) -> int:
+    """Pods a pool should have: none while suspended or finished; the reward group as last scaled."""
+    if not live:
+        return 0
+    if pool == "rollout":
+        return job.spec.rollout.replicas
+    if pool == "trainer":
+        return job.spec.trainer.nodes
+    return clamp_reward_replicas(job, observed.reward_replicas)
+
+
+def _pools(job: RLJob, observed: Observed, *, live: bool) -> PoolsStatus:
+    counts = {
+        pool: PoolReplicas(
+            desired=desired_replicas(job, observed, pool, live=live),
+            ready=sum(1 for p in observed.pool_pods(pool) if p.serving),
+        )
+        for pool in POOLS
+    }
+    return PoolsStatus(**counts)
+
+
+def _unschedulable(observed: Observed, pool: Pool) -> list[str]:
+    return [p.unschedulable for p in observed.pool_pods(pool) if p.unschedulable and not p.deleting]
+
+
+def _phase(job: RLJob, observed: Observed, pools: PoolsStatus, snapshot: control_pb.JobStatus | None) -> Phase:
+    driver = observed.driver
+    run = snapshot.phase if snapshot is not None else control_pb.RUN_PHASE_UNSPECIFIED
+    if job.spec.suspend:
+        return "Suspended"
+    if (driver is not None and driver.failed) or run == control_pb.RUN_PHASE_FAILED:
+        return "Failed"
+    if (driver is not None and driver.complete) or run == control_pb.RUN_PHASE_SUCCEEDED:
+        return "Succeeded"
+    if not observed.ray_cluster and driver is None:
+        return "Pending"
+    head_ready = observed.head is not None and observed.head.serving
+    pools_ready = head_ready and all(getattr(pools, p).ready >= getattr(pools, p).desired for p in POOLS)
+    driving = (driver is not None and driver.running) or run in (
+        control_pb.RUN_PHASE_RUNNING,
+        control_pb.RUN_PHASE_STOPPING,
+    )
+    return "Running" if observed.ray_cluster and pools_ready and driving else "Provisioning"
+
+
+def _pool_condition(pool: Pool, counts: PoolReplicas, observed: Observed, phase: Phase) -> tuple[str, str, str]:
+    if phase == "Suspended":
+        return "False", "Suspended", "the job is suspended; its pools are torn down"
+    if phase in TERMINAL:
+        return "False", phase, f"the run {phase.lower()}; its pools are released"
+    text = f"{counts.ready}/{counts.desired} replicas ready"
+    if counts.ready >= counts.desired:
+        return "True", "ReplicasReady", text
+    pending = _unschedulable(observed, pool)
+    if pending:
+        reason = "InsufficientGPUs" if any(GPU_SHORTAGE in m for m in pending) else "Unschedulable"
+        return "False", reason, f"{text}; {len(pending)} unschedulable: {pending[0]}"
+    return "False", "ReplicasNotReady", text
+
+
+def _progressing(phase: Phase, snapshot: control_pb.JobStatus | None, job: RLJob) -> tuple[str, str, str]:
+    if phase == "Suspended":
+        return "False", "Suspended", "suspended; resumes from the newest checkpoint"
+    if phase in TERMINAL:
+        return "False", phase, f"the run {phase.lower()}"
+    if phase == "Pending":
+        return "Unknown", "Pending", "children not created yet"
+    if phase == "Provisioning":
+        return "True", "Provisioning", "waiting for the Ray head, the pools and the driver"
+    if snapshot is None:
+        return "Unknown", "ControllerUnreachable", "the controller's ControlService did not answer"
+    total = snapshot.total_steps or job.spec.algorithm.total_steps
+    return "True", "Training", f"step {snapshot.step}/{total}, policy version {snapshot.policy_version}"
+
+
+def _degraded(job: RLJob, observed: Observed, phase: Phase, message: str) -> tuple[str, str, str]:
+    if phase == "Failed":
+        return "True", "Failed", message
+    if phase in ("Suspended", "Succeeded"):
+        return "False", "AsExpected", ""
+    short = [p for p in POOLS if any(GPU_SHORTAGE in m for m in _unschedulable(observed, p))]
+    if short:
+        gpus = {
+            "rollout": job.spec.rollout.gpus_per_replica,
+            "trainer": job.spec.trainer.gpus_per_node,
+            "reward": job.spec.reward.gpus_per_replica,
+        }
+        detail = ", ".join(f"{p} ({gpus[p]} nvidia.com/gpu per pod)" for p in short)
+        return "True", "InsufficientGPUs", f"pods of pool {detail} are unschedulable: not enough free GPUs"
+    stuck = [p for p in POOLS if _unschedulable(observed, p)]
+    if stuck:
+        return "True", "Unschedulable", f"pods of pool {', '.join(stuck)}: {_unschedulable(observed, stuck[0])[0]}"
+    driver = observed.driver
+    if driver is not None and driver.failed_attempts and not driver.finished:
+        return (
+            "True",
+            "DriverRestarted",
+            f"the driver failed {driver.failed_attempts} time(s); it resumes from the newest checkpoint",
+        )
+    return "False", "AsExpected", ""
+
+
+def _conditions(
+    previous: RLJobStatus | None, wanted: dict[str, tuple[str, str, str]], generation: int | None, now: datetime
+) -> list[Condition]:
+    """Conditions in a fixed order; lastTransitionTime moves only when a condition's status changes."""
+    before = {c.type: c for c in (previous.conditions if previous else [])}
+    out = []
+    for kind in CONDITION_TYPES:
+        status, reason, message = wanted[kind]
+        old = before.get(kind)
+        changed = old is None or old.status != status or old.last_transition_time is None
+        out.append(
+            Condition(
+                type=kind,
+                status=status,  # type: ignore[arg-type]
+                reason=reason,
+                message=message,
+                last_transition_time=rfc3339(now) if changed else old.last_transition_time,  # type: ignore[union-attr]
+                observed_generation=generation,
+            )
+        )
+    return out
+
+
+def _message(phase: Phase, observed: Observed, snapshot: control_pb.JobStatus | None, pools: PoolsStatus) -> str:
+    if phase == "Failed":
+        driver = observed.driver
+        if snapshot is not None and snapshot.message:
+            return snapshot.message
+        return (driver.message if driver else "") or "the driver failed"
+    sizes = ", ".join(f"{p} {getattr(pools, p).ready}/{getattr(pools, p).desired}" for p in POOLS)
+    return f"{phase}: {sizes}"
+
+
+def compute_status(
+    job: RLJob,
+    observed: Observed,
+    snapshot: control_pb.JobStatus | None,
+    *,
+    now: datetime,
+    generation: int | None = None,
+    previous: RLJobStatus | None = None,
+) -> RLJobStatus:
+    """The status to write: phase, conditions, pool counts from the cluster, progress from the controller.
+
+    Without a snapshot (the controller is not up, or did not answer) the last progress is kept.
+    """
+    live = not job.spec.suspend and not (observed.driver is not None and observed.driver.finished)
+    pools = _pools(job, observed, live=live)
+    phase = _phase(job, observed, pools, snapshot)
+    message = _message(phase, observed, snapshot, pools)
+    wanted = {READY_TYPE[p]: _pool_condition(p, getattr(pools, p), observed, phase) for p in POOLS}
+    wanted["Progressing"] = _progressing(phase, snapshot, job)
+    wanted["Degraded"] = _degraded(job, observed, phase, message)
+    prev = previous or RLJobStatus()
+    status = RLJobStatus(
+        phase=phase,
+        conditions=_conditions(previous, wanted, generation, now),
+        observed_generation=generation,
+        pools=pools,
+        step=prev.step,
+        policy_version=prev.policy_version,
+        reward=prev.reward,
+        staleness=prev.staleness,
+        samples_per_second=prev.samples_per_second,
+        checkpoint=prev.checkpoint,
+        start_time=prev.start_time,
+        completion_time=prev.completion_time if phase in TERMINAL else None,
+        message=message,
+    )
+    if snapshot is not None and snapshot.phase != control_pb.RUN_PHASE_UNSPECIFIED:
+        status.step = snapshot.step
+        status.policy_version = snapshot.policy_version
+        status.samples_per_second = snapshot.samples_per_second
+        if snapshot.step > 0:
+            status.reward = RewardStats(mean=snapshot.reward_mean, std=snapshot.reward_std)
+            status.staleness = StalenessStats(mean=snapshot.staleness_mean, max=snapshot.staleness_max)
+        status.checkpoint = snapshot.checkpoint or prev.checkpoint
+    if phase == "Running" and status.start_time is None:
+        status.start_time = rfc3339(now)
+    if phase in TERMINAL and status.completion_time is None:
+        status.completion_time = rfc3339(now)
+    return status

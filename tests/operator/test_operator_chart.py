@@ -1,0 +1,188 @@
+"""The Helm chart: `helm lint` and `helm template` with the real helm (from the e2e build), the values
+schema, RBAC covering exactly what the operator does, and the dashboard's metric names."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rljob_api import load_rljob
+from rljob_operator.kube import KINDS
+from rljob_operator.metrics import OperatorMetrics
+from rljob_operator.options import RenderOptions
+from rljob_operator.render import render
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "rljob-operator"
+
+
+def _helm() -> Path | None:
+    try:
+        out = subprocess.run(["bash", str(REPO / "e2e" / "build.sh"), "bin"], capture_output=True, text=True)
+    except FileNotFoundError:
+        return None
+    path = Path(out.stdout.strip()) / "helm"
+    return path if out.returncode == 0 and path.is_file() else None
+
+
+HELM = _helm()
+needs_helm = pytest.mark.skipif(HELM is None, reason="helm not built: run e2e/build.sh (helm is built from Go modules)")
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    assert HELM is not None
+    out = subprocess.run([str(HELM), *args], capture_output=True, text=True)
+    if check and out.returncode:
+        raise AssertionError(f"helm {' '.join(args)}:\n{out.stdout}\n{out.stderr}")
+    return out
+
+
+def template(*sets: str) -> list[dict[str, Any]]:
+    args = ["template", "r", str(CHART), "--namespace", "ops"]
+    for s in sets:
+        args += ["--set", s]
+    return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+
+
+def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    (doc,) = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    return doc
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        ["watch.scope=namespaces", "watch.namespaces={research,team-a}"],
+        ["metrics.serviceMonitor.enabled=true", "dashboard.enabled=false", "livenessProbe.enabled=false"],
+    ],
+    ids=["defaults", "namespaced", "servicemonitor"],
+)
+def test_helm_lint(sets: list[str]) -> None:
+    args = ["lint", "--strict", str(CHART)]
+    for s in sets:
+        args += ["--set", s]
+    assert "0 chart(s) failed" in helm(*args).stdout
+
+
+@needs_helm
+def test_template_cluster_mode() -> None:
+    docs = template()
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "ghcr.io/rljob/rljob-operator:0.1.0"
+    assert container["command"] == ["python", "-m", "rljob_operator"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["RLJOB_OPERATOR_NAMESPACES"] == ""
+    assert json.loads(env["RLJOB_OPERATOR_SYSTEM_NODE_SELECTOR"]) == {}
+    assert {d["kind"] for d in docs} >= {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Service", "ConfigMap"}
+    assert not [d for d in docs if d["kind"] in ("Role", "RoleBinding", "ServiceMonitor")]
+    binding = one(docs, "ClusterRoleBinding", "r-rljob-operator")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "r-rljob-operator", "namespace": "ops"}]
+
+
+@needs_helm
+def test_template_namespaced_mode() -> None:
+    docs = template("watch.scope=namespaces", "watch.namespaces={research,team-a}")
+    roles = [d for d in docs if d["kind"] == "Role"]
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["research", "team-a"]
+    assert sorted(b["metadata"]["namespace"] for b in docs if b["kind"] == "RoleBinding") == ["research", "team-a"]
+    # Only the read-only CRD role is cluster-wide.
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "ClusterRole"] == ["r-rljob-operator-crds"]
+    env = {e["name"]: e["value"] for e in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLJOB_OPERATOR_NAMESPACES"] == "research,team-a"
+
+
+@needs_helm
+def test_template_service_monitors() -> None:
+    docs = template("metrics.serviceMonitor.enabled=true")
+    monitors = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "ServiceMonitor"}
+    assert set(monitors) == {"r-rljob-operator", "r-rljob-operator-jobs"}
+    assert monitors["r-rljob-operator-jobs"]["selector"]["matchLabels"]["rljob.io/component"] == "metrics"
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        ("imagee.tag=x", "additional properties 'imagee' not allowed"),
+        ("image.tagg=x", "additional properties 'tagg' not allowed"),
+        ("metrics.serviceMonitor.enable=true", "additional properties 'enable' not allowed"),
+        ("watch.scope=everywhere", "watch/scope"),
+    ],
+)
+def test_values_schema_rejects_typos(value: str, complaint: str) -> None:
+    out = helm("template", "r", str(CHART), "--set", value, check=False)
+    assert out.returncode != 0 and complaint in out.stderr, out.stderr
+
+
+@needs_helm
+def test_namespaced_mode_needs_namespaces() -> None:
+    out = helm("template", "r", str(CHART), "--set", "watch.scope=namespaces", check=False)
+    assert out.returncode != 0 and "namespaces" in out.stderr, out.stderr
+
+
+def test_values_file_matches_its_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    jsonschema.validate(values, schema)
+    with pytest.raises(jsonschema.ValidationError, match="'imagee' was unexpected"):
+        jsonschema.validate({**values, "imagee": {}}, schema)
+
+
+@needs_helm
+def test_rbac_covers_what_the_operator_does() -> None:
+    """Every child kind the operator applies is allowed get/create/patch; the pools and driver delete."""
+    rules = one(template(), "ClusterRole", "r-rljob-operator")["rules"]
+
+    def allowed(group: str, resource: str) -> set[str]:
+        return {v for r in rules if group in r["apiGroups"] and resource in r["resources"] for v in r["verbs"]}
+
+    for doc in render(load_rljob(REPO / "examples" / "gpu-cluster.yaml"), RenderOptions()):
+        prefix, plural = KINDS[doc["kind"]]
+        group = "" if prefix == "api/v1" else prefix.split("/")[1]
+        cached = doc["kind"] in ("RayCluster", "Job")  # informers list and watch them; suspend deletes them
+        wanted = {"get", "create", "patch"} | ({"delete", "list", "watch"} if cached else set())
+        assert wanted <= allowed(group, plural), doc["kind"]
+    assert {"get", "list", "watch", "patch"} <= allowed("rljob.io", "rljobs")
+    assert {"patch"} <= allowed("rljob.io", "rljobs/status")
+    assert {"create"} <= allowed("", "events")
+    assert {"list", "watch"} <= allowed("", "pods")
+    assert not [r for r in rules if "*" in r["verbs"] or "*" in r["resources"]]
+
+
+def _known_metrics() -> set[str]:
+    names = {m.name for m in OperatorMetrics().registry.collect()}
+    worker_source = (REPO / "workers" / "rljob_workers" / "metrics.py").read_text()
+    names |= set(re.findall(r'(?:Gauge|Counter|Histogram)\(\s*"(rljob_\w+)"', worker_source))
+    return names
+
+
+def test_dashboard_uses_exported_metrics() -> None:
+    dashboard = json.loads((CHART / "files" / "rljob-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    used = {re.sub(r"_(total|bucket|sum|count)$", "", m) for e in exprs for m in re.findall(r"\brljob_\w+", e)}
+    known = _known_metrics()
+    assert used <= known, f"the dashboard queries metrics nobody exports: {sorted(used - known)}"
+    for topic in (
+        "rljob_operator_job_phase",
+        "rljob_step",
+        "rljob_reward_mean",
+        "rljob_staleness_mean",
+        "rljob_samples",
+        "rljob_operator_pool_replicas",
+        "rljob_operator_pool_idle_fraction",
+    ):
+        assert topic in used, topic
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))

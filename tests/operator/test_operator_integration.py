@@ -1,0 +1,396 @@
+"""The operator against a real kube-apiserver, etcd, controller-manager, scheduler, kwok and KubeRay.
+
+The module starts its own control plane with e2e/cluster.sh (in a temporary state folder) and
+stops it at the end; it is skipped, with the reason, when the e2e binaries are not built
+(`e2e/build.sh`). The operator runs as a subprocess (`python -m rljob_operator`); a stand-in
+ControlService plays the controller, and the tests play the kubelet of the head and driver pods
+(see e2e_cluster.py for why). The operator authenticates as the Helm chart's ServiceAccount with
+the chart's cluster-wide RBAC, so every test also checks that those permissions suffice. Its log
+is kept in pytest's temporary folder (the path is printed).
+
+RLJOB_TEST_CRD=path installs another CRD file than crds/rljob.io_rljobs.yaml (to try a
+regenerated one before committing it).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import yaml
+from e2e_cluster import CRD, E2E, REPO, Cluster, FakeControl, OperatorProcess, fake_control, missing_binaries, wait_for
+
+from rljob.v1 import control_service_pb2 as control_pb
+
+MISSING = missing_binaries()
+pytestmark = pytest.mark.skipif(
+    bool(MISSING), reason=f"e2e binaries not built (run e2e/build.sh): missing {', '.join(MISSING)}"
+)
+ARITHMETIC = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
+CHILD_KINDS = ("serviceaccount", "role", "rolebinding", "configmap", "service", "raycluster", "job")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("e2e-state"))
+    try:
+        c.start()
+        pools = ["--pool", "cpu:3:0"]
+        subprocess.run(
+            [sys.executable, str(E2E / "nodes.py"), "apply", str(E2E / "pools.example.yaml"), *pools],
+            env=c.env,
+            check=True,
+            capture_output=True,
+        )
+        yield c
+    finally:
+        c.script("clean")
+
+
+@pytest.fixture(scope="module")
+def crd(cluster: Cluster) -> str:
+    path = os.environ.get("RLJOB_TEST_CRD", str(CRD))
+    out = cluster.kubectl("apply", "--server-side", "-f", path, check=False)
+    assert out.returncode == 0, f"the API server refused {path}:\n{out.stderr}"
+    wait_for(  # `kubectl wait` fails at once while the CRD has no conditions yet
+        "CRD established",
+        lambda: (
+            cluster.kubectl("wait", "--for=condition=Established", "crd/rljobs.rljob.io", check=False).returncode == 0
+        ),
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def control() -> Iterator[tuple[FakeControl, int]]:
+    with fake_control() as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: Cluster, crd: str, control: tuple[FakeControl, int], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    print(f"operator log: {log}")
+    # The operator authenticates as the chart's ServiceAccount: every test checks the chart's RBAC too.
+    op = OperatorProcess(cluster, control[1], log, kubeconfig=cluster.install_chart_rbac("rljob-system"))
+    op.start()
+    wait_for("operator metrics", lambda: _metrics_up(op), timeout=60)
+    yield op
+    op.stop()
+
+
+def _metrics_up(op: OperatorProcess) -> bool:
+    try:
+        op.metrics()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())[:40].strip("-")
+    name = f"t-{slug}-{uuid.uuid4().hex[:4]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def fake(control: tuple[FakeControl, int]) -> Iterator[FakeControl]:
+    control[0].status = None
+    yield control[0]
+    control[0].status = None
+
+
+def rljob(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(ARITHMETIC)
+    doc["metadata"] = {"name": name, "namespace": namespace, "labels": {"team": "e2e"}}
+    doc["spec"].update(spec)
+    return doc
+
+
+def status_of(cluster: Cluster, name: str, ns: str) -> dict[str, Any]:
+    return (cluster.get("rljob", name, ns) or {}).get("status") or {}
+
+
+def phase_is(cluster: Cluster, name: str, ns: str, *phases: str) -> dict[str, Any] | None:
+    status = status_of(cluster, name, ns)
+    return status if status.get("phase") in phases else None
+
+
+def status_where(
+    cluster: Cluster, name: str, ns: str, predicate: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any] | None:
+    status = status_of(cluster, name, ns)
+    return status if status and predicate(status) else None
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
+
+
+def children(cluster: Cluster, name: str, ns: str) -> dict[str, list[dict[str, Any]]]:
+    return {kind: cluster.objects(kind, ns, f"rljob.io/job={name}") for kind in CHILD_KINDS}
+
+
+def all_children(cluster: Cluster, name: str, ns: str) -> dict[str, list[dict[str, Any]]] | None:
+    found = children(cluster, name, ns)
+    return found if all(found.values()) else None
+
+
+def run_pods(cluster: Cluster, name: str, ns: str) -> None:
+    """Head and driver up, as their kubelet would report them."""
+    wait_for("head pod", lambda: cluster.objects("pods", ns, f"rljob.io/job={name},rljob.io/component=head"))
+    cluster.kubelet(ns, f"rljob.io/job={name},rljob.io/component=head", "Running")
+    wait_for("driver pod", lambda: cluster.objects("pods", ns, f"rljob.io/job={name},rljob.io/component=driver"))
+    cluster.kubelet(ns, f"rljob.io/job={name},rljob.io/component=driver", "Running")
+
+
+# ---------------------------------------------------------------- the API server's checks
+
+
+def test_crd_installs(cluster: Cluster, crd: str) -> None:
+    got = cluster.get("crd", "rljobs.rljob.io", "default")
+    assert got is not None
+    assert any(c["type"] == "Established" and c["status"] == "True" for c in got["status"]["conditions"])
+    columns = [c["name"] for c in got["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert columns[:4] == ["Phase", "Step", "Version", "Reward"], columns
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
+def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str) -> None:
+    doc = yaml.safe_load((REPO / "examples" / example).read_text())
+    doc["metadata"]["namespace"] = ns
+    out = cluster.apply(doc, "--dry-run=server", check=False)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"reward": {**ARITHMETIC["spec"]["reward"], "replicas": {"min": 4, "max": 2}}}, "spec.reward.replicas", "min"),
+        ({"rollout": {**ARITHMETIC["spec"]["rollout"], "replicaz": 2}}, "spec.rollout.replicaz", "not declared"),
+        ({"rollout": {**ARITHMETIC["spec"]["rollout"], "engine": "vllm"}}, "spec.rollout", "gpusPerReplica"),
+        ({"algorithm": {**ARITHMETIC["spec"]["algorithm"], "miniBatches": 3}}, "spec.algorithm", "miniBatches"),
+    ],
+    ids=["reward-min-gt-max", "unknown-field", "engine-needs-gpus", "mini-batches"],
+)
+def test_bad_specs_are_refused_naming_the_field(
+    cluster: Cluster, crd: str, ns: str, change: dict[str, Any], field: str, words: str
+) -> None:
+    out = cluster.apply(rljob("bad", ns, **change), check=False)
+    assert out.returncode != 0, "the API server accepted a spec it must refuse"
+    assert field in out.stderr and words in out.stderr, out.stderr
+
+
+def test_immutable_fields_are_refused_on_update(cluster: Cluster, crd: str, ns: str) -> None:
+    cluster.apply(rljob("frozen", ns, suspend=True))
+    algorithm = {**ARITHMETIC["spec"]["algorithm"], "learningRate": 0.5}
+    out = cluster.apply(rljob("frozen", ns, suspend=True, algorithm=algorithm), check=False)
+    assert out.returncode != 0 and "spec.algorithm" in out.stderr and "immutable" in out.stderr, out.stderr
+    # Safe changes apply to an existing job: reward bounds and suspend.
+    reward = {**ARITHMETIC["spec"]["reward"], "replicas": {"min": 1, "max": 3}}
+    cluster.apply(rljob("frozen", ns, suspend=False, reward=reward))
+
+
+# ---------------------------------------------------------------- the operator
+
+
+def test_children_appear_owned_and_labelled(cluster: Cluster, operator: OperatorProcess, ns: str) -> None:
+    cluster.apply(rljob("owned", ns))
+    uid = wait_for("the RLJob", lambda: cluster.get("rljob", "owned", ns))["metadata"]["uid"]
+    found = wait_for("every child", lambda: all_children(cluster, "owned", ns))
+    assert [s["metadata"]["name"] for s in found["service"]] == ["owned-control", "owned-metrics", "owned-reward"]
+    for kind, objects in found.items():
+        for obj in objects:
+            meta = obj["metadata"]
+            assert [(o["kind"], o["name"], o["uid"], o.get("controller")) for o in meta["ownerReferences"]] == [
+                ("RLJob", "owned", uid, True)
+            ], kind
+            assert meta["labels"]["app.kubernetes.io/managed-by"] == "rljob-operator"
+            assert meta["labels"]["team"] == "e2e"
+            managers = {m["manager"] for m in meta.get("managedFields", []) if m["operation"] == "Apply"}
+            assert managers == {"rljob-operator"}, kind
+    # Applied at the first attempt (a RoleBinding applied before its Role is refused, for one).
+    assert "ApplyFailed" not in [e["reason"] for e in cluster.events(ns, "owned")]
+    # KubeRay made the pool pods from the worker groups; kwok runs them on the fake CPU nodes.
+    for pool in ("rollout", "trainer", "reward"):
+        wait_for(
+            f"{pool} pod running",
+            lambda pool=pool: [
+                p
+                for p in cluster.objects("pods", ns, f"rljob.io/job=owned,rljob.io/pool={pool}")
+                if p["status"].get("phase") == "Running"
+            ],
+        )
+
+
+def test_status_events_and_progress(cluster: Cluster, operator: OperatorProcess, fake: FakeControl, ns: str) -> None:
+    cluster.apply(rljob("progress", ns))
+    status = wait_for("pools ready", lambda: _pools_ready(cluster, "progress", ns))
+    assert status["phase"] == "Provisioning"  # head and driver are not up yet
+    assert status["observedGeneration"] == 1
+    run_pods(cluster, "progress", ns)
+    status = wait_for("phase Running", lambda: phase_is(cluster, "progress", ns, "Running"))
+    assert condition(status, "Progressing")["reason"] == "ControllerUnreachable"
+    fake.status = control_pb.JobStatus(
+        phase=control_pb.RUN_PHASE_RUNNING, step=3, total_steps=60, policy_version=3, reward_mean=0.5
+    )
+    status = wait_for("step 3", lambda: status_where(cluster, "progress", ns, lambda s: s.get("step") == 3))
+    assert status["reward"]["mean"] == 0.5 and status["policyVersion"] == 3
+    assert condition(status, "Progressing")["reason"] == "Training"
+    line = cluster.kubectl("get", "rljob", "progress", "-n", ns, "--no-headers").stdout.split()
+    assert line[:3] == ["progress", "Running", "3"], line  # printer columns: name, phase, step
+    # The run ends: the driver pod succeeds, the Job completes, the pools are released.
+    fake.status = None
+    cluster.kubelet(ns, "rljob.io/job=progress,rljob.io/component=driver", "Succeeded")
+    status = wait_for("phase Succeeded", lambda: phase_is(cluster, "progress", ns, "Succeeded"))
+    assert status["completionTime"] and status["step"] == 3
+    wait_for("RayCluster released", lambda: cluster.get("raycluster", "progress-ray", ns) is None)
+    assert cluster.get("job", "progress-driver", ns) is not None
+    reasons = [e["reason"] for e in cluster.events(ns, "progress")]
+    for reason in ("Provisioning", "Running", "Succeeded", "PoolsReleased"):
+        assert reason in reasons, reasons
+
+
+def _pools_ready(cluster: Cluster, name: str, ns: str) -> dict[str, Any] | None:
+    status = status_of(cluster, name, ns)
+    pools = status.get("pools") or {}
+    ok = pools and all(p.get("ready", 0) >= p.get("desired", 1) > 0 for p in pools.values())
+    return status if ok else None
+
+
+def test_insufficient_gpus_is_degraded(cluster: Cluster, operator: OperatorProcess, ns: str) -> None:
+    rollout = {
+        **ARITHMETIC["spec"]["rollout"],
+        "replicas": 2,
+        "gpusPerReplica": 8,
+        "nodeSelector": {"rljob.io/pool": "rollout"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    cluster.apply(rljob("greedy", ns, rollout=rollout))
+    status = wait_for(
+        "Degraded, with the one rollout pod that fits running",
+        lambda: status_where(
+            cluster,
+            "greedy",
+            ns,
+            lambda s: condition(s, "Degraded").get("status") == "True" and s["pools"]["rollout"]["ready"] == 1,
+        ),
+    )
+    degraded = condition(status, "Degraded")
+    assert degraded["reason"] == "InsufficientGPUs" and "rollout" in degraded["message"], degraded
+    assert condition(status, "RolloutReady")["reason"] == "InsufficientGPUs"
+    assert status["pools"]["rollout"] == {"desired": 2, "ready": 1}
+    wait_for("warning event", lambda: [e for e in cluster.events(ns, "greedy") if e["reason"] == "InsufficientGPUs"])
+
+
+def test_suspend_and_resume(cluster: Cluster, operator: OperatorProcess, ns: str) -> None:
+    cluster.apply(rljob("pause", ns))
+    wait_for("pools ready", lambda: _pools_ready(cluster, "pause", ns))
+    cluster.kubectl("patch", "rljob", "pause", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    wait_for("phase Suspended", lambda: phase_is(cluster, "pause", ns, "Suspended"))
+    wait_for("pools torn down", lambda: cluster.get("raycluster", "pause-ray", ns) is None)
+    wait_for("driver deleted", lambda: cluster.get("job", "pause-driver", ns) is None)
+    wait_for("pool pods gone", lambda: not cluster.objects("pods", ns, "rljob.io/job=pause"))
+    assert cluster.get("configmap", "pause-config", ns) is not None  # the config (and checkpoint path) stays
+    cluster.kubectl("patch", "rljob", "pause", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":false}}')
+    wait_for("RayCluster re-created", lambda: cluster.get("raycluster", "pause-ray", ns))
+    wait_for("driver re-created", lambda: cluster.get("job", "pause-driver", ns))
+    wait_for("pools ready again", lambda: _pools_ready(cluster, "pause", ns))
+    assert "Suspended" in [e["reason"] for e in cluster.events(ns, "pause")]
+
+
+def test_reward_group_follows_the_controller(
+    cluster: Cluster, operator: OperatorProcess, fake: FakeControl, ns: str
+) -> None:
+    reward = {**ARITHMETIC["spec"]["reward"], "replicas": {"min": 1, "max": 4}}
+    cluster.apply(rljob("elastic", ns, reward=reward))
+    wait_for("pools ready", lambda: _pools_ready(cluster, "elastic", ns))
+    run_pods(cluster, "elastic", ns)
+    selector = "rljob.io/job=elastic,rljob.io/pool=reward"
+
+    def running_reward() -> list[str]:
+        pods = cluster.objects("pods", ns, selector)
+        return sorted(p["metadata"]["name"] for p in pods if not p["metadata"].get("deletionTimestamp"))
+
+    fake.status = control_pb.JobStatus(phase=control_pb.RUN_PHASE_RUNNING, reward=control_pb.PoolStatus(desired=9))
+    wait_for("4 reward pods (max)", lambda: len(running_reward()) == 4)
+    names = running_reward()
+    # Asked for 1, with none drained: nothing goes.
+    fake.status = control_pb.JobStatus(phase=control_pb.RUN_PHASE_RUNNING, reward=control_pb.PoolStatus(desired=1))
+    time.sleep(3)
+    assert running_reward() == names
+    # Two drained: exactly those two go, the group shrinks to 2.
+    drained = [names[0], names[2]]
+    fake.status = control_pb.JobStatus(
+        phase=control_pb.RUN_PHASE_RUNNING, reward=control_pb.PoolStatus(desired=1, drained=drained)
+    )
+    wait_for("drained pods removed", lambda: running_reward() == [names[1], names[3]])
+    rc = cluster.get("raycluster", "elastic-ray", ns)
+    assert rc is not None
+    group = next(g for g in rc["spec"]["workerGroupSpecs"] if g["groupName"] == "reward")
+    assert group["replicas"] == 2
+    time.sleep(2)
+    assert running_reward() == [names[1], names[3]]  # KubeRay deleted no random pod
+    assert "RewardScaled" in [e["reason"] for e in cluster.events(ns, "elastic")]
+
+
+def test_delete_removes_every_child(cluster: Cluster, operator: OperatorProcess, ns: str) -> None:
+    cluster.apply(rljob("gone", ns))
+    wait_for("children", lambda: cluster.get("raycluster", "gone-ray", ns))
+    wait_for("pods", lambda: cluster.objects("pods", ns, "rljob.io/job=gone"))
+    cluster.kubectl("delete", "rljob", "gone", "-n", ns, "--wait=true", "--timeout=60s")
+    wait_for(
+        "garbage collection",
+        lambda: (
+            not any(children(cluster, "gone", ns).values()) and not cluster.objects("pods", ns, "rljob.io/job=gone")
+        ),
+        timeout=90,
+    )
+
+
+def test_operator_restart_mid_reconcile_creates_no_duplicates(
+    cluster: Cluster, operator: OperatorProcess, ns: str
+) -> None:
+    names = [f"restart-{i}" for i in range(6)]
+    docs = "\n---\n".join(json.dumps(rljob(n, ns)) for n in names)
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=docs)
+    # Kill the operator as soon as the first child appears: most jobs are half-applied then.
+    wait_for("a first child", lambda: cluster.objects("configmap", ns, "rljob.io/job"), every=0.05)
+    operator.stop(signal.SIGKILL)
+    half = {n: sum(len(v) for v in children(cluster, n, ns).values()) for n in names}
+    operator.start()
+    for n in names:
+        found = wait_for(f"children of {n}", lambda n=n: all_children(cluster, n, ns))
+        counts = {kind: len(objs) for kind, objs in found.items()}
+        assert counts == {k: 3 if k == "service" else 1 for k in CHILD_KINDS}, (n, counts)
+    for n in names:
+        wait_for(f"{n} pools ready", lambda n=n: _pools_ready(cluster, n, ns))
+        pods = cluster.objects("pods", ns, f"rljob.io/job={n}")
+        pools = [p["metadata"]["labels"].get("rljob.io/pool") for p in pods]
+        assert sorted(p for p in pools if p) == ["reward", "rollout", "trainer"], (n, pools)
+        drivers = [p for p in pods if p["metadata"]["labels"].get("rljob.io/component") == "driver"]
+        assert len(drivers) == 1, (n, [p["metadata"]["name"] for p in drivers])
+    print("children per job when the operator was killed:", half)
+
+
+def test_operator_metrics(cluster: Cluster, operator: OperatorProcess) -> None:
+    text = operator.metrics()
+    assert 'rljob_operator_reconciles_total{handler="reconcile",result="ok"}' in text
+    assert "rljob_operator_reconcile_seconds_bucket" in text
+    assert 'rljob_operator_jobs{phase="Running"}' in text
+    assert "rljob_operator_pool_replicas" in text

@@ -1,0 +1,285 @@
+"""A tiny Llama and a character tokenizer, made locally: the policy for tests and demos.
+
+`make_tiny_model` writes a directory that ``AutoTokenizer.from_pretrained`` and
+``AutoModelForCausalLM.from_pretrained`` load with no network. The model is a *weak SFT
+base* for the arithmetic task: a short supervised warm-up in which the label is the
+bare correct answer only with probability ``p_correct`` (15%) and otherwise the same sum
+in one of three wrong forms an LM plausibly produces: a leading zero (``"081"``), a
+magnitude slip (``"810"``) or a failure to stop (``"8181"``). Every label carries the exact
+sum, so the model learns the arithmetic itself, while sampling at temperature 1 earns an
+exact-match reward of only about 0.1-0.15. GRPO lifts that past 0.8 within a few dozen steps,
+because the correct answer is in the policy's support and the fix is one behaviour shared
+by all prompts. (Value noise, such as a random digit in place of a right one, was tried
+and rejected: it taught the model worse arithmetic and capped the reward RL could reach.)
+
+The build is deterministic given the spec (on one machine and thread count) and takes
+about 35 s of one CPU core. It is idempotent: a marker file records the spec's digest,
+and a directory whose marker matches is returned as it is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import (
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+)
+
+from rljob_workers.tasks import arithmetic
+
+MARKER = "rljob-tiny-model.json"
+# Bump when a code change alters what a given spec builds, so old directories rebuild.
+FORMAT_VERSION = 1
+
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
+# Digits and operators for arithmetic; a little punctuation and lowercase for later tasks.
+CHARS = "0123456789+-*/=()., abcdefghijklmnopqrstuvwxyz"
+# Wrong forms of a correct answer t (see the module docstring).
+WRONG_FORMS = ("leading-zero", "times-ten", "no-stop")
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Everything that determines the built model; its digest names a build."""
+
+    task: str = "arithmetic"
+    seed: int = 0
+    min_operand: int = arithmetic.MIN_OPERAND
+    max_operand: int = arithmetic.MAX_OPERAND
+    hidden_size: int = 64
+    intermediate_size: int = 256
+    num_layers: int = 2
+    num_heads: int = 8
+    max_positions: int = 64
+    sft_steps: int = 800
+    batch_size: int = 128
+    lr: float = 3e-3
+    p_correct: float = 0.15
+    # One intra-op thread: at this size a second buys little on an idle machine and, on a
+    # busy one, OpenMP's spinning threads made a build 10x slower. The bits depend on it.
+    threads: int = 1
+
+    def digest(self) -> str:
+        blob = json.dumps({"format": FORMAT_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def make_tiny_model(out_dir: str | Path, task: str = "arithmetic", seed: int = 0, **overrides: Any) -> Path:
+    """Build the tiny model and tokenizer into ``out_dir`` unless already built there.
+
+    ``overrides`` are :class:`TinyModelSpec` fields (``sft_steps=200`` for a quick test
+    build). A directory that exists without this module's marker is never overwritten.
+    """
+    spec = TinyModelSpec(task=task, seed=seed, **overrides)
+    if spec.task != "arithmetic":
+        raise ValueError(f"task {spec.task!r} has no tiny model; known: 'arithmetic'")
+    out = Path(out_dir)
+    if read_marker(out).get("digest") == spec.digest():
+        return out
+    if out.exists() and any(out.iterdir()) and not (out / MARKER).exists():
+        raise FileExistsError(f"{out} is not empty and holds no {MARKER}; refusing to overwrite")
+    # Build beside the target and rename into place, so no reader sees half a model.
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    _build(spec, tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return out
+
+
+def read_marker(out_dir: str | Path) -> dict[str, Any]:
+    """The marker of a built directory (digest, spec, base reward), or {} if none."""
+    path = Path(out_dir) / MARKER
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def build_tokenizer(max_length: int = 64) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: one token per character, ``<s>`` prepended.
+
+    Padding is on the left, as batched generation wants; pass ``padding_side="right"``
+    when encoding for training.
+    """
+    vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *CHARS))}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()  # join characters back without spaces
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
+    )
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        padding_side="left",
+        model_max_length=max_length,
+    )
+
+
+def build_model(tokenizer: PreTrainedTokenizerBase, spec: TinyModelSpec) -> LlamaForCausalLM:
+    """A freshly initialised Llama of the spec's size (uses the global torch RNG)."""
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_heads,
+        max_position_embeddings=spec.max_positions,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = LlamaForCausalLM(config)
+    # Explicit sampling defaults: transformers 5 falls back to top_k=50 when unset, which
+    # would make the sampler's distribution differ from log_softmax(logits / T).
+    model.generation_config = GenerationConfig(
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=8,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return model
+
+
+def wrong_form(answer: str, form: str) -> str:
+    """The answer written in one of :data:`WRONG_FORMS`; never equal to ``answer``."""
+    if form == "leading-zero":
+        return "0" + answer
+    if form == "times-ten":
+        return answer + "0"
+    if form == "no-stop":
+        return answer + answer
+    raise ValueError(f"unknown wrong form {form!r}")
+
+
+def label_table(
+    tokenizer: PreTrainedTokenizerBase, problems: list[dict[str, str]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids ``[P, 1 + len(WRONG_FORMS), L]`` of every problem with every label.
+
+    Variant 0 is the correct answer, variant i the i-th wrong form; each row is
+    ``<s> prompt label </s>``, right-padded. The second tensor is the loss mask: the
+    label and ``</s>``, not the prompt or padding.
+    """
+    texts, prompt_lens = [], []
+    for p in problems:
+        labels = [p["answer"], *(wrong_form(p["answer"], f) for f in WRONG_FORMS)]
+        texts += [p["prompt"] + lab + EOS for lab in labels]
+        prompt_lens += [len(tokenizer(p["prompt"])["input_ids"])] * len(labels)
+    enc = tokenizer(texts, padding=True, padding_side="right", return_tensors="pt")
+    ids, attn = enc["input_ids"], enc["attention_mask"]
+    positions = torch.arange(ids.shape[1]).expand_as(ids)
+    loss_mask = (positions >= torch.tensor(prompt_lens)[:, None]) & (attn == 1)
+    shape = (len(problems), 1 + len(WRONG_FORMS), ids.shape[1])
+    return ids.reshape(shape), loss_mask.reshape(shape)
+
+
+def _all_problems(min_operand: int, max_operand: int) -> list[dict[str, str]]:
+    span = range(min_operand, max_operand + 1)
+    return [arithmetic.problem(a, b) for a in span for b in span]
+
+
+def _lr_at(step: int, spec: TinyModelSpec, warmup: int = 50, floor: float = 0.1) -> float:
+    """Linear warm-up, then cosine decay to ``floor`` of the peak.
+
+    The floor matters: a model annealed to lr 0 sits in a sharp minimum that the first
+    RL steps knock it out of.
+    """
+    ramp = min(1.0, (step + 1) / warmup)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * step / spec.sft_steps))
+    return spec.lr * ramp * (floor + (1.0 - floor) * cosine)
+
+
+def sft_warmup(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, spec: TinyModelSpec) -> float:
+    """Train on weak labels (see the module docstring); returns the last batch's loss."""
+    ids, loss_mask = label_table(tokenizer, _all_problems(spec.min_operand, spec.max_operand))
+    gen = torch.Generator().manual_seed(spec.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.0)
+    model.train()
+    loss = torch.tensor(float("nan"))
+    for step in range(spec.sft_steps):
+        rows = torch.randint(0, ids.shape[0], (spec.batch_size,), generator=gen)
+        wrong = torch.randint(1, ids.shape[1], (spec.batch_size,), generator=gen)
+        correct = torch.rand(spec.batch_size, generator=gen) < spec.p_correct
+        variant = torch.where(correct, 0, wrong)
+        batch, mask = ids[rows, variant], loss_mask[rows, variant]
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, spec)
+        labels = batch.masked_fill(~mask, -100)  # HF shifts labels itself
+        attn = (batch != tokenizer.pad_token_id).long()
+        loss = model(input_ids=batch, attention_mask=attn, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    model.eval()
+    return loss.item()
+
+
+@torch.no_grad()
+def sample_exact_match(
+    model: Any,  # a causal LM; Any because mypy cannot type transformers' generate()
+    tokenizer: PreTrainedTokenizerBase,
+    problems: list[dict[str, str]],
+    *,
+    temperature: float = 1.0,
+    max_new_tokens: int = 8,
+    seed: int = 0,
+) -> float:
+    """Mean exact-match reward of one sampled completion per problem."""
+    enc = tokenizer([p["prompt"] for p in problems], padding=True, return_tensors="pt")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        out = model.generate(**enc, do_sample=True, temperature=temperature, max_new_tokens=max_new_tokens)
+    completions = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :])
+    rewards = [arithmetic.exact_match(p["prompt"], c, p["answer"]) for p, c in zip(problems, completions, strict=True)]
+    return sum(rewards) / len(rewards)
+
+
+def _build(spec: TinyModelSpec, out: Path) -> None:
+    """Tokenizer, model, warm-up, evaluation, files; the marker is written last."""
+    start = time.perf_counter()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(spec.threads)
+    try:
+        tokenizer = build_tokenizer(spec.max_positions)
+        with torch.random.fork_rng(devices=[]):  # leave the caller's RNG as it was
+            torch.manual_seed(spec.seed)
+            model = build_model(tokenizer, spec)
+        final_loss = sft_warmup(model, tokenizer, spec)
+        held_out = arithmetic.make_problems(512, spec.seed + 1, spec.max_operand, spec.min_operand)
+        base_reward = sample_exact_match(model, tokenizer, held_out, seed=spec.seed)
+    finally:
+        torch.set_num_threads(threads)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    marker = {
+        "digest": spec.digest(),
+        "spec": asdict(spec),
+        "sft_final_loss": round(final_loss, 4),
+        "base_reward": base_reward,
+        "build_seconds": round(time.perf_counter() - start, 1),
+    }
+    (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
