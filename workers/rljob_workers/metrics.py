@@ -87,7 +87,7 @@ class JsonlWriter:
             handle.write(json.dumps(report_record(report)) + "\n")
 
 
-def plot_rewards(jsonl: Path, png: Path) -> Path:
+def plot_rewards(jsonl: Path, png: Path, title: str = "") -> Path:
     """The reward curve of a run (mean and std band per step) as a PNG."""
     import matplotlib
 
@@ -108,7 +108,7 @@ def plot_rewards(jsonl: Path, png: Path) -> Path:
     )
     ax.set_xlabel("train step")
     ax.set_ylabel("reward")
-    ax.set_title(png.stem)
+    ax.set_title(title or png.stem)
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
