@@ -222,7 +222,8 @@ class LocalRun:
             lines.append(f"checkpoint:   {self.controller.last_checkpoint}")
         if jsonl.exists() and reports:
             lines.append(f"metrics:      {jsonl}")
-            lines.append(f"reward curve: {plot_rewards(jsonl, self.output / 'reward-curve.png', f"rljob run: {self.job.metadata.name}")}")
+            png = plot_rewards(jsonl, self.output / "reward-curve.png", f"rljob run: {self.job.metadata.name}")
+            lines.append(f"reward curve: {png}")
         print("\n".join(lines), flush=True)
 
     async def _shutdown(self) -> None:
