@@ -27,6 +27,7 @@ def status_table(job: str, status: pb.JobStatus) -> Table:
         ("samples/s", f"{status.samples_per_second:.1f}"),
         ("staleness", f"mean {status.staleness_mean:.2f}, max {status.staleness_max}"),
         ("pools", "  ".join(f"{n} {p.ready}/{p.desired}" for n, p in _pools(status))),
+        ("idle", "  ".join(f"{n} {p.idle_fraction:.0%}" for n, p in _pools(status))),
         ("samples", f"generated {s.generated}  scored {s.scored}  trained {s.trained}"),
         ("set aside", f"stale {s.discarded_stale}  reward errors {s.excluded_reward_error}  lost {s.lost_replica}"),
         ("elapsed", f"{status.elapsed_seconds:.0f} s"),

@@ -19,6 +19,7 @@ from rljob_api.workercfg import WorkerConfigs
 
 from .controller.data import load_prompts
 from .controller.elastic import ElasticRewardPool
+from .controller.idle import IdleMeter
 from .controller.loop import Controller, RunFailed, StepReport
 from .controller.rollout_clients import RolloutClients
 from .controller.status import ControlServicer, RunView
@@ -67,6 +68,7 @@ class LocalRun:
         self.controller: Controller | None = None
         self.weight_sync: WeightSync | None = None
         self.elastic: ElasticRewardPool | None = None
+        self.idle = {pool: IdleMeter() for pool in ("rollout", "trainer", "reward")}
 
     # ---- start ---------------------------------------------------------------------------
     def _resume_dir(self) -> Path | None:
@@ -173,13 +175,19 @@ class LocalRun:
             version=version,
         )
         view = self.view = RunView(
-            self.controller, c.controller.algorithm.total_steps, self._pool_sizes, stop_requested=self.controller.stop
+            self.controller,
+            c.controller.algorithm.total_steps,
+            self._pool_sizes,
+            stop_requested=self.controller.stop,
+            idle=self.idle_fractions,
         )
         self.control = await self._serve_control(view)
         log.info(
-            "pools up in %.1fs; ControlService on 127.0.0.1:%d, metrics on http://127.0.0.1:%d/metrics",
+            "pools up in %.1fs; ControlService on %s:%d, metrics on http://%s:%d/metrics",
             time.monotonic() - started,
+            self.serve_host,
             self.control.port,
+            self.serve_host,
             port,
         )
         view.phase = control_pb.RUN_PHASE_RUNNING
@@ -195,7 +203,10 @@ class LocalRun:
         self.elastic.desired = len(self.reward.actors)
         rc = 0
         with progress:
-            background = [asyncio.create_task(self._tick(progress, view)), asyncio.create_task(self.elastic.run())]
+            background = [
+                asyncio.create_task(self._tick(progress, view, metrics)),
+                asyncio.create_task(self.elastic.run()),
+            ]
             try:
                 await self.controller.run()
                 view.phase = control_pb.RUN_PHASE_SUCCEEDED
@@ -208,10 +219,22 @@ class LocalRun:
         self._summary(rc, view, reports)
         return rc
 
-    async def _tick(self, progress: Progress, view: RunView) -> None:
+    async def _tick(self, progress: Progress, view: RunView, metrics: RunMetrics) -> None:
         while True:
+            now = time.monotonic()
+            busy = {
+                "rollout": any(r.in_flight for r in self.clients.live()),
+                "trainer": self.controller is not None and self.controller.training,
+                "reward": any(r.outstanding for r in self.router.stats().replicas.values()),
+            }
+            for pool, meter in self.idle.items():
+                meter.record(now, busy[pool])
+            metrics.set_idle(self.idle_fractions())
             progress.update(view.snapshot(), step_done=False)
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.2)
+
+    def idle_fractions(self) -> dict[str, float]:
+        return {pool: meter.fraction() for pool, meter in self.idle.items()}
 
     def _summary(self, rc: int, view: RunView, reports: list[StepReport]) -> None:
         jsonl = self.output / "metrics.jsonl"

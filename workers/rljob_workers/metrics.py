@@ -44,6 +44,12 @@ class RunMetrics:
             list(labels),
             registry=self.registry,
         )
+        self.idle = Gauge(
+            "rljob_pool_idle_fraction",
+            "Fraction of the last minute a pool was idle",
+            [*labels, "pool"],
+            registry=self.registry,
+        )
         self.samples = Counter(
             "rljob_samples", "Samples by what happened to them", [*labels, "outcome"], registry=self.registry
         )
@@ -53,6 +59,10 @@ class RunMetrics:
         """Serve /metrics; port 0 picks a free one. Returns the port."""
         server, _ = start_http_server(port, addr=host, registry=self.registry)
         return int(server.server_address[1])
+
+    def set_idle(self, fractions: dict[str, float]) -> None:
+        for pool, fraction in fractions.items():
+            self.idle.labels(**self.labels, pool=pool).set(fraction)
 
     def update(self, report: StepReport) -> None:
         self.step.labels(**self.labels).set(report.step)

@@ -104,6 +104,7 @@ class Controller:
     _started: float = field(default_factory=time.monotonic)
     _trained_groups: int = 0
     _in_training: int = 0
+    training: bool = False  # a train step (or its weight sync) is running: the trainer pool is busy
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -131,7 +132,11 @@ class Controller:
         groups = await self._next_batch()
         started = time.monotonic()
         samples, rewards, lags, prompt_ids = self._train_samples(groups)
-        metrics = await self.trainer.train_step(samples)
+        self.training = True
+        try:
+            metrics = await self.trainer.train_step(samples)
+        finally:
+            self.training = False
         self.step += 1
         self.version += 1
         self.counts.trained += len(samples)

@@ -19,6 +19,7 @@ class RunView:
     controller: Controller
     total_steps: int
     pools: Callable[[], dict[str, tuple[int, int, list[str]]]]
+    idle: Callable[[], dict[str, float]] = dict
     phase: int = pb.RUN_PHASE_STARTING
     message: str = ""
     last: StepReport | None = None
@@ -51,8 +52,10 @@ class RunView:
             status.staleness_max = last.staleness_max
             status.elapsed_seconds = last.elapsed_seconds
             status.samples_per_second = counts.trained / max(last.elapsed_seconds, 1e-9)
+        idle = self.idle()
         for name, (desired, ready, drained) in self.pools().items():
-            getattr(status, name).CopyFrom(pb.PoolStatus(desired=desired, ready=ready, drained=drained))
+            pool = pb.PoolStatus(desired=desired, ready=ready, drained=drained, idle_fraction=idle.get(name, 0.0))
+            getattr(status, name).CopyFrom(pool)
         return status
 
 
