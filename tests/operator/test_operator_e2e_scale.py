@@ -1,0 +1,420 @@
+"""The operator on GPU pools of a real control plane: placement, a lost reward node, and scale.
+
+Same setup as test_operator_integration.py (one e2e cluster per module, the operator as a
+subprocess with the chart's RBAC, a stand-in ControlService, the tests as the kubelet of the head and
+driver pods), but with the three tainted GPU pools of e2e/pools.example.yaml and jobs that select
+them. The last test adds 1,000 fake GPU nodes and applies 50 RLJobs at once; it is marked `slow`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from e2e_cluster import CRD, E2E, Cluster, FakeControl, OperatorProcess, fake_control, missing_binaries, wait_for
+from test_operator_integration import ARITHMETIC, condition, phase_is, rljob, run_pods, status_of
+
+sys.path.insert(0, str(E2E))
+from nodes import Pool
+
+MISSING = missing_binaries()
+pytestmark = pytest.mark.skipif(
+    bool(MISSING), reason=f"e2e binaries not built (run e2e/build.sh): missing {', '.join(MISSING)}"
+)
+GPU_TOLERATION = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+TAINT = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+POOLS = ("rollout", "trainer", "reward")
+# test_reward_node_lost_and_back has a reward pool of its own (one node), so deleting that node
+# touches no other test's pods; its nodes still carry `rljob.io/pool: reward`.
+LOST_POOL = Pool(name="reward-lost", count=1, gpus=4, labels={"rljob.io/pool": "reward"}, taints=TAINT)
+SCALE_NODES = 1000
+SCALE_JOBS = 50
+
+
+def gpu_job(name: str, ns: str, reward_selector: dict[str, str] | None = None) -> dict[str, Any]:
+    """The arithmetic example on the GPU pools: 8 GPUs for the rollout replica and the trainer rank."""
+    return rljob(
+        name,
+        ns,
+        rollout={
+            **ARITHMETIC["spec"]["rollout"],
+            "gpusPerReplica": 8,
+            "nodeSelector": {"rljob.io/pool": "rollout"},
+            "tolerations": GPU_TOLERATION,
+        },
+        trainer={
+            **ARITHMETIC["spec"]["trainer"],
+            "gpusPerNode": 8,
+            "nodeSelector": {"rljob.io/pool": "trainer"},
+            "tolerations": GPU_TOLERATION,
+        },
+        reward={
+            **ARITHMETIC["spec"]["reward"],
+            "nodeSelector": reward_selector or {"rljob.io/pool": "reward"},
+            "tolerations": GPU_TOLERATION,
+        },
+    )
+
+
+# ---------------------------------------------------------------- fixtures (one cluster per module)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("e2e-scale-state"))
+    try:
+        c.start()
+        # The pools of e2e/pools.example.yaml (labels, taints, GPUs), rollout and trainer with two nodes
+        # each so that two jobs of 8+8 GPUs fit at once, and the pool of the lost-node test.
+        create_nodes(c, [*pool("rollout", 2, 8), *pool("trainer", 2, 8), *pool("reward", 1, 4), *LOST_POOL.nodes()])
+        wait_ready(c, "rljob.io/e2e-pool in (rollout,trainer,reward,reward-lost)", 6, timeout=60)
+        yield c
+    finally:
+        c.script("clean")
+
+
+def pool(name: str, count: int, gpus: int, prefix: str = "") -> list[dict[str, Any]]:
+    p = Pool(name=f"{prefix}{name}", count=count, gpus=gpus, labels={"rljob.io/pool": name}, taints=TAINT)
+    return p.nodes()
+
+
+@pytest.fixture(scope="module")
+def crd(cluster: Cluster) -> str:
+    cluster.kubectl("apply", "--server-side", "-f", str(CRD))
+    wait_for(
+        "CRD established",
+        lambda: (
+            cluster.kubectl("wait", "--for=condition=Established", "crd/rljobs.rljob.io", check=False).returncode == 0
+        ),
+    )
+    return str(CRD)
+
+
+@pytest.fixture(scope="module")
+def control() -> Iterator[tuple[FakeControl, int]]:
+    with fake_control() as served:
+        yield served
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: Cluster, crd: str, control: tuple[FakeControl, int], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    log = tmp_path_factory.mktemp("operator-scale") / "operator.log"
+    print(f"operator log: {log}")
+    op = OperatorProcess(cluster, control[1], log, kubeconfig=cluster.install_chart_rbac("rljob-system"))
+    op.start()
+    wait_for("operator metrics", lambda: _metrics_up(op), timeout=60)
+    yield op
+    op.stop()
+
+
+def _metrics_up(op: OperatorProcess) -> bool:
+    try:
+        op.metrics()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())[:40].strip("-")
+    name = f"s-{slug}-{uuid.uuid4().hex[:4]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def create_nodes(cluster: Cluster, nodes: list[dict[str, Any]], batch: int = 100, workers: int = 4) -> None:
+    """Server-side apply in batches, a few kubectl processes at once. The status in the document is
+    kept when the node is created (kwok then keeps it Ready); capacity is checked by the callers."""
+    chunks = [nodes[i : i + batch] for i in range(0, len(nodes), batch)]
+
+    def one(chunk: list[dict[str, Any]]) -> None:
+        docs = "\n---\n".join(json.dumps(n) for n in chunk)
+        cluster.kubectl(
+            "apply", "--server-side", "--field-manager=rljob-e2e-nodes", "--force-conflicts", "-f", "-", input=docs
+        )
+
+    with ThreadPoolExecutor(workers) as pool_:
+        list(pool_.map(one, chunks))
+
+
+def ready_nodes(cluster: Cluster, selector: str) -> dict[str, dict[str, str]]:
+    """Ready nodes matching `selector`: name -> labels."""
+    items = json.loads(cluster.kubectl("get", "nodes", "-l", selector, "-o", "json").stdout)["items"]
+    return {
+        n["metadata"]["name"]: n["metadata"]["labels"]
+        for n in items
+        if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions") or [])
+    }
+
+
+def wait_ready(cluster: Cluster, selector: str, count: int, timeout: float) -> dict[str, dict[str, str]]:
+    return wait_for(
+        f"{count} Ready nodes ({selector})",
+        lambda: (lambda got: got if len(got) == count else None)(ready_nodes(cluster, selector)),
+        timeout=timeout,
+        every=1.0,
+    )
+
+
+def node_labels(cluster: Cluster) -> dict[str, dict[str, str]]:
+    out = cluster.kubectl("get", "nodes", "-o", "json").stdout
+    return {n["metadata"]["name"]: n["metadata"]["labels"] for n in json.loads(out)["items"]}
+
+
+def pool_pods(cluster: Cluster, ns: str, selector: str = "rljob.io/pool") -> list[dict[str, Any]]:
+    return [p for p in cluster.objects("pods", ns, selector) if not p["metadata"].get("deletionTimestamp")]
+
+
+def misplaced(pods: list[dict[str, Any]], nodes: dict[str, dict[str, str]]) -> list[str]:
+    """Pool pods on a node of another pool (or on no known node)."""
+    bad = []
+    for p in pods:
+        pool_ = p["metadata"]["labels"]["rljob.io/pool"]
+        node = p["spec"].get("nodeName")
+        if nodes.get(node or "", {}).get("rljob.io/pool") != pool_:
+            bad.append(f"{p['metadata']['name']} (pool {pool_}) on {node!r} {nodes.get(node or '')}")
+    return bad
+
+
+def all_pools_running(cluster: Cluster, ns: str, job: str) -> list[dict[str, Any]] | None:
+    pods = pool_pods(cluster, ns, f"rljob.io/job={job},rljob.io/pool")
+    pools = sorted(p["metadata"]["labels"]["rljob.io/pool"] for p in pods if p["status"].get("phase") == "Running")
+    return pods if pools == sorted(POOLS) else None
+
+
+def operator_errors(op: OperatorProcess) -> list[str]:
+    """Metric samples that count a failed reconcile or an operator error (non-zero only)."""
+    bad = []
+    for line in op.metrics().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name, _, value = line.rpartition(" ")
+        failed = name.startswith("rljob_operator_errors_total") or (
+            name.startswith("rljob_operator_reconciles_total") and 'result="ok"' not in name
+        )
+        if failed and float(value) > 0:
+            bad.append(line)
+    return bad
+
+
+# ---------------------------------------------------------------- the tests
+
+
+def test_pool_pods_land_on_their_pool_and_job_runs(cluster: Cluster, operator: OperatorProcess, ns: str) -> None:
+    """Not covered by test_operator_integration.py: there the pools are a CPU pool with no
+    nodeSelector, and no test compares a pod's node with its pool."""
+    cluster.apply(gpu_job("placed", ns))
+    pods = wait_for("a Running pod in every pool", lambda: all_pools_running(cluster, ns, "placed"), timeout=120)
+    nodes = node_labels(cluster)
+    assert not misplaced(pods, nodes), misplaced(pods, nodes)
+    assert sorted(p["metadata"]["labels"]["rljob.io/pool"] for p in pods) == sorted(POOLS)
+    gpus = {
+        p["metadata"]["labels"]["rljob.io/pool"]: p["spec"]["containers"][0]["resources"]
+        .get("limits", {})
+        .get("nvidia.com/gpu")
+        for p in pods
+    }
+    assert gpus["rollout"] == "8" and gpus["trainer"] == "8", gpus
+    run_pods(cluster, "placed", ns)
+    status = wait_for("phase Running", lambda: phase_is(cluster, "placed", ns, "Running"), timeout=60)
+    assert status["pools"] == {p: {"desired": 1, "ready": 1} for p in POOLS}, status["pools"]
+    for kind in ("RolloutReady", "TrainerReady", "RewardReady"):
+        assert condition(status, kind)["status"] == "True", condition(status, kind)
+    assert condition(status, "Degraded")["status"] == "False", condition(status, "Degraded")
+
+
+def test_reward_node_lost_and_back(cluster: Cluster, operator: OperatorProcess, ns: str) -> None:
+    cluster.apply(gpu_job("lost", ns, reward_selector={"rljob.io/e2e-pool": LOST_POOL.name}))
+    pods = wait_for("a Running pod in every pool", lambda: all_pools_running(cluster, ns, "lost"), timeout=120)
+    (reward,) = [p for p in pods if p["metadata"]["labels"]["rljob.io/pool"] == "reward"]
+    node = reward["spec"]["nodeName"]
+    assert node == LOST_POOL.node_names()[0], node
+    run_pods(cluster, "lost", ns)
+    wait_for("phase Running", lambda: phase_is(cluster, "lost", ns, "Running"), timeout=60)
+
+    t0 = time.monotonic()
+    cluster.kubectl("delete", "node", node, "--wait=true", "--timeout=60s")
+
+    def reported() -> dict[str, Any] | None:
+        s = status_of(cluster, "lost", ns)
+        ready = condition(s, "RewardReady")
+        degraded = condition(s, "Degraded")
+        ok = (
+            s.get("pools", {}).get("reward", {}).get("ready") == 0
+            and ready.get("status") == "False"
+            and degraded.get("status") == "True"
+            and "reward" in degraded.get("message", "")
+        )
+        return s if ok else None
+
+    # The pod GC removes the pods of a vanished node after a 40 s quarantine; KubeRay makes a new
+    # reward pod, which no node can take.
+    status = wait_for("the lost reward node reported", reported, timeout=150, every=1.0)
+    print(f"reward node deleted -> reported in {time.monotonic() - t0:.1f}s: {condition(status, 'Degraded')}")
+    assert status["phase"] == "Provisioning", status["phase"]
+    assert condition(status, "RewardReady")["reason"] == "Unschedulable", condition(status, "RewardReady")
+    assert condition(status, "Degraded")["reason"] == "Unschedulable", condition(status, "Degraded")
+    assert (
+        condition(status, "RolloutReady")["status"] == "True" and condition(status, "TrainerReady")["status"] == "True"
+    )
+    wait_for(
+        "an event naming the reward pool",
+        lambda: [e for e in cluster.events(ns, "lost") if e["reason"] == "Unschedulable" and "reward" in e["message"]],
+    )
+    old = reward["metadata"]["name"]
+    assert old not in [p["metadata"]["name"] for p in pool_pods(cluster, ns, "rljob.io/job=lost")]
+
+    t1 = time.monotonic()
+    create_nodes(cluster, LOST_POOL.nodes())
+    wait_ready(cluster, f"rljob.io/e2e-pool={LOST_POOL.name}", 1, timeout=60)
+    pods = wait_for("reward pod rescheduled and Running", lambda: all_pools_running(cluster, ns, "lost"), timeout=90)
+    (again,) = [p for p in pods if p["metadata"]["labels"]["rljob.io/pool"] == "reward"]
+    assert again["metadata"]["name"] != old and again["spec"]["nodeName"] == node, again["spec"].get("nodeName")
+    status = wait_for(
+        "phase Running with the reward pool ready again",
+        lambda: phase_is(cluster, "lost", ns, "Running"),
+        timeout=60,
+    )
+    print(f"reward node back -> Running in {time.monotonic() - t1:.1f}s")
+    assert status["pools"]["reward"] == {"desired": 1, "ready": 1}
+    assert condition(status, "RewardReady")["status"] == "True"
+    assert condition(status, "Degraded")["status"] == "False", condition(status, "Degraded")
+
+
+@pytest.mark.slow
+def test_scale_1000_gpu_nodes_50_jobs(
+    cluster: Cluster, operator: OperatorProcess, ns: str, request: pytest.FixtureRequest
+) -> None:
+    t0 = time.monotonic()
+    per_pool = {"rollout": 400, "trainer": 400, "reward": 200}
+    assert sum(per_pool.values()) == SCALE_NODES
+    nodes = [n for name, count in per_pool.items() for n in pool(name, count, 8, prefix="scale-")]
+    create_nodes(cluster, nodes)
+    created = time.monotonic() - t0
+    selector = "rljob.io/e2e-pool in (scale-rollout,scale-trainer,scale-reward)"
+    wait_ready(cluster, selector, SCALE_NODES, timeout=180)
+    print(f"{SCALE_NODES} kwok GPU nodes: applied in {created:.1f}s, all Ready after {time.monotonic() - t0:.1f}s")
+    sample = cluster.get("node", "scale-reward-199", "")
+    assert sample is not None and sample["status"]["allocatable"].get("nvidia.com/gpu") == "8", sample
+
+    names = [f"job-{i:02d}" for i in range(SCALE_JOBS)]
+    docs = "\n---\n".join(json.dumps(gpu_job(n, ns)) for n in names)
+    seen = FirstSeen(cluster, ns)  # polls RLJobs and RayClusters while the apply runs
+    request.addfinalizer(seen.stop)
+    applied = time.monotonic()
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=docs)
+    apply_s = time.monotonic() - applied
+    kubeleted: set[str] = set()
+    deadline = applied + 240
+    running: list[str] = []
+    while True:
+        # Play the kubelet of the head and driver pods that appeared since the last round.
+        system = [
+            p
+            for p in cluster.objects("pods", ns, "rljob.io/component in (head,driver)")
+            if p["metadata"]["name"] not in kubeleted and p["status"].get("phase") == "Pending"
+        ]
+        with ThreadPoolExecutor(4) as pool_:
+            list(pool_.map(lambda p: _kubelet_pod(cluster, ns, p), system))
+        kubeleted.update(p["metadata"]["name"] for p in system)
+        jobs = cluster.objects("rljobs", ns)
+        running = sorted(j["metadata"]["name"] for j in jobs if (j.get("status") or {}).get("phase") == "Running")
+        if len(running) == SCALE_JOBS:
+            break
+        if time.monotonic() > deadline:
+            phases = {j["metadata"]["name"]: (j.get("status") or {}).get("phase") for j in jobs}
+            stuck = {n: p for n, p in phases.items() if p != "Running"}
+            raise AssertionError(
+                f"{len(running)}/{SCALE_JOBS} jobs Running after 240s; RayClusters {len(seen.raycluster)}; "
+                f"not Running: {stuck}; first of them: {_explain(cluster, ns, sorted(stuck)[0])}"
+            )
+        time.sleep(1.0)
+    all_running = time.monotonic() - applied
+    seen.stop()
+    assert sorted(seen.raycluster) == names, sorted(set(names) - set(seen.raycluster))
+    assert sorted(seen.rljob) == names, sorted(set(names) - set(seen.rljob))
+
+    pods = pool_pods(cluster, ns)
+    assert len(pods) == 3 * SCALE_JOBS, len(pods)
+    labels = node_labels(cluster)
+    assert not misplaced(pods, labels), misplaced(pods, labels)[:10]
+    assert all(p["status"].get("phase") == "Running" for p in pods)
+    errors = operator_errors(operator)
+    assert not errors, errors
+
+    waits = sorted(seen.raycluster[n] - seen.rljob[n] for n in names)
+    p50 = statistics.median(waits)
+    p99 = waits[min(len(waits) - 1, round(0.99 * (len(waits) - 1)))]
+    print(
+        f"{SCALE_JOBS} RLJobs: kubectl apply {apply_s:.1f}s; RLJob -> RayCluster p50 {p50:.1f}s p99 {p99:.1f}s "
+        f"max {waits[-1]:.1f}s (first seen by one poll loop, {seen.rounds} rounds); "
+        f"all Running after {all_running:.1f}s; "
+        f"pods on {len({p['spec']['nodeName'] for p in pods})} distinct nodes"
+    )
+
+
+def _kubelet_pod(cluster: Cluster, ns: str, pod: dict[str, Any]) -> None:
+    """Cluster.kubelet(..., "Running") for one pod known by name: one kubectl call, not a list and a patch."""
+    ready = [{"type": t, "status": "True"} for t in ("PodScheduled", "Ready", "ContainersReady")]
+    cluster.kubectl(
+        "patch", "pod", pod["metadata"]["name"], "-n", ns, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"phase": "Running", "conditions": ready}}),
+    )  # fmt: skip
+
+
+def _explain(cluster: Cluster, ns: str, job: str) -> str:
+    """A stuck job's pools and conditions, and its pods' phases and nodes (for failure messages)."""
+    status = status_of(cluster, job, ns)
+    conditions = {c["type"]: (c["status"], c["reason"], c.get("message", "")) for c in status.get("conditions", [])}
+    pods = [
+        (p["metadata"]["name"], p["status"].get("phase"), p["spec"].get("nodeName"))
+        for p in cluster.objects("pods", ns, f"rljob.io/job={job}")
+    ]
+    return f"pools {status.get('pools')}; conditions {conditions}; pods {pods}"
+
+
+class FirstSeen:
+    """A thread listing the namespace's RLJobs and RayClusters in one kubectl call as fast as it can,
+    recording when each job's RLJob and RayCluster were first seen (time.monotonic())."""
+
+    def __init__(self, cluster: Cluster, ns: str) -> None:
+        self.cluster, self.ns = cluster, ns
+        self.rljob: dict[str, float] = {}
+        self.raycluster: dict[str, float] = {}
+        self.rounds = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            out = self.cluster.kubectl("get", "rljobs,rayclusters", "-n", self.ns, "-o", "json", check=False)
+            now = time.monotonic()
+            if out.returncode == 0:
+                for item in json.loads(out.stdout)["items"]:
+                    if item["kind"] == "RLJob":
+                        self.rljob.setdefault(item["metadata"]["name"], now)
+                    else:
+                        self.raycluster.setdefault(item["metadata"]["labels"].get("rljob.io/job", ""), now)
+            self.rounds += 1
+            self._stop.wait(0.2)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=70)
