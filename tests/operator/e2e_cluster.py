@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from contextlib import contextmanager
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+import pytest
 import yaml
 
 from rljob.v1 import control_service_pb2 as control_pb
@@ -240,6 +243,53 @@ class OperatorProcess:
 
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
             return str(r.read().decode())
+
+    def metrics_up(self) -> bool:
+        try:
+            self.metrics()
+            return True
+        except OSError:
+            return False
+
+
+def start_operator(cluster: Cluster, control_port: int, log: Path) -> OperatorProcess:
+    """The operator as the Helm chart's ServiceAccount (so its RBAC is tested too), serving metrics."""
+    print(f"operator log: {log}")
+    op = OperatorProcess(cluster, control_port, log, kubeconfig=cluster.install_chart_rbac("rljob-system"))
+    op.start()
+    wait_for("operator metrics", op.metrics_up, timeout=60)
+    return op
+
+
+def install_crd(cluster: Cluster, path: str) -> str:
+    """Apply a CRD file and wait until the API server serves it; the API server's refusal fails the test."""
+    out = cluster.kubectl("apply", "--server-side", "-f", path, check=False)
+    assert out.returncode == 0, f"the API server refused {path}:\n{out.stderr}"
+    wait_for(  # `kubectl wait` fails at once while the CRD has no conditions yet
+        "CRD established",
+        lambda: (
+            cluster.kubectl("wait", "--for=condition=Established", "crd/rljobs.rljob.io", check=False).returncode == 0
+        ),
+    )
+    return path
+
+
+@contextmanager
+def fresh_namespace(cluster: Cluster, test_name: str, prefix: str) -> Iterator[str]:
+    """A fresh namespace named after the test, deleted (without waiting) afterwards."""
+    slug = re.sub(r"[^a-z0-9]+", "-", test_name.removeprefix("test_").lower())[:40].strip("-")
+    name = f"{prefix}-{slug}-{uuid.uuid4().hex[:4]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def skip_without_binaries() -> pytest.MarkDecorator:
+    """Skip a module, naming what is missing, when the e2e binaries are not built."""
+    missing = missing_binaries()
+    return pytest.mark.skipif(
+        bool(missing), reason=f"e2e binaries not built (run e2e/build.sh): missing {', '.join(missing)}"
+    )
 
 
 class FakeControl(control_grpc.ControlServiceServicer):

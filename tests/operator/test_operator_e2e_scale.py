@@ -9,27 +9,34 @@ them. The last test adds 1,000 fake GPU nodes and applies 50 RLJobs at once; it 
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from e2e_cluster import CRD, E2E, Cluster, FakeControl, OperatorProcess, fake_control, missing_binaries, wait_for
+from e2e_cluster import (
+    CRD,
+    E2E,
+    Cluster,
+    FakeControl,
+    OperatorProcess,
+    fake_control,
+    fresh_namespace,
+    install_crd,
+    skip_without_binaries,
+    start_operator,
+    wait_for,
+)
 from test_operator_integration import ARITHMETIC, condition, phase_is, rljob, run_pods, status_of
 
 sys.path.insert(0, str(E2E))
 from nodes import Pool
 
-MISSING = missing_binaries()
-pytestmark = pytest.mark.skipif(
-    bool(MISSING), reason=f"e2e binaries not built (run e2e/build.sh): missing {', '.join(MISSING)}"
-)
+pytestmark = skip_without_binaries()
 GPU_TOLERATION = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 TAINT = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
 POOLS = ("rollout", "trainer", "reward")
@@ -89,14 +96,7 @@ def pool(name: str, count: int, gpus: int, prefix: str = "") -> list[dict[str, A
 
 @pytest.fixture(scope="module")
 def crd(cluster: Cluster) -> str:
-    cluster.kubectl("apply", "--server-side", "-f", str(CRD))
-    wait_for(
-        "CRD established",
-        lambda: (
-            cluster.kubectl("wait", "--for=condition=Established", "crd/rljobs.rljob.io", check=False).returncode == 0
-        ),
-    )
-    return str(CRD)
+    return install_crd(cluster, str(CRD))
 
 
 @pytest.fixture(scope="module")
@@ -109,30 +109,15 @@ def control() -> Iterator[tuple[FakeControl, int]]:
 def operator(
     cluster: Cluster, crd: str, control: tuple[FakeControl, int], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator-scale") / "operator.log"
-    print(f"operator log: {log}")
-    op = OperatorProcess(cluster, control[1], log, kubeconfig=cluster.install_chart_rbac("rljob-system"))
-    op.start()
-    wait_for("operator metrics", lambda: _metrics_up(op), timeout=60)
+    op = start_operator(cluster, control[1], tmp_path_factory.mktemp("operator-scale") / "operator.log")
     yield op
     op.stop()
 
 
-def _metrics_up(op: OperatorProcess) -> bool:
-    try:
-        op.metrics()
-        return True
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())[:40].strip("-")
-    name = f"s-{slug}-{uuid.uuid4().hex[:4]}"
-    cluster.kubectl("create", "namespace", name)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with fresh_namespace(cluster, request.node.name, "s") as name:
+        yield name
 
 
 # ---------------------------------------------------------------- helpers

@@ -17,25 +17,33 @@ from __future__ import annotations
 import copy
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import yaml
-from e2e_cluster import CRD, E2E, REPO, Cluster, FakeControl, OperatorProcess, fake_control, missing_binaries, wait_for
+from e2e_cluster import (
+    CRD,
+    E2E,
+    REPO,
+    Cluster,
+    FakeControl,
+    OperatorProcess,
+    fake_control,
+    fresh_namespace,
+    install_crd,
+    skip_without_binaries,
+    start_operator,
+    wait_for,
+)
 
 from rljob.v1 import control_service_pb2 as control_pb
 
-MISSING = missing_binaries()
-pytestmark = pytest.mark.skipif(
-    bool(MISSING), reason=f"e2e binaries not built (run e2e/build.sh): missing {', '.join(MISSING)}"
-)
+pytestmark = skip_without_binaries()
 ARITHMETIC = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
 CHILD_KINDS = ("serviceaccount", "role", "rolebinding", "configmap", "service", "raycluster", "job")
 
@@ -59,16 +67,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def crd(cluster: Cluster) -> str:
-    path = os.environ.get("RLJOB_TEST_CRD", str(CRD))
-    out = cluster.kubectl("apply", "--server-side", "-f", path, check=False)
-    assert out.returncode == 0, f"the API server refused {path}:\n{out.stderr}"
-    wait_for(  # `kubectl wait` fails at once while the CRD has no conditions yet
-        "CRD established",
-        lambda: (
-            cluster.kubectl("wait", "--for=condition=Established", "crd/rljobs.rljob.io", check=False).returncode == 0
-        ),
-    )
-    return path
+    return install_crd(cluster, os.environ.get("RLJOB_TEST_CRD", str(CRD)))
 
 
 @pytest.fixture(scope="module")
@@ -81,31 +80,15 @@ def control() -> Iterator[tuple[FakeControl, int]]:
 def operator(
     cluster: Cluster, crd: str, control: tuple[FakeControl, int], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
-    log = tmp_path_factory.mktemp("operator") / "operator.log"
-    print(f"operator log: {log}")
-    # The operator authenticates as the chart's ServiceAccount: every test checks the chart's RBAC too.
-    op = OperatorProcess(cluster, control[1], log, kubeconfig=cluster.install_chart_rbac("rljob-system"))
-    op.start()
-    wait_for("operator metrics", lambda: _metrics_up(op), timeout=60)
+    op = start_operator(cluster, control[1], tmp_path_factory.mktemp("operator") / "operator.log")
     yield op
     op.stop()
 
 
-def _metrics_up(op: OperatorProcess) -> bool:
-    try:
-        op.metrics()
-        return True
-    except OSError:
-        return False
-
-
 @pytest.fixture
 def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.removeprefix("test_").lower())[:40].strip("-")
-    name = f"t-{slug}-{uuid.uuid4().hex[:4]}"
-    cluster.kubectl("create", "namespace", name)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    with fresh_namespace(cluster, request.node.name, "t") as name:
+        yield name
 
 
 @pytest.fixture
