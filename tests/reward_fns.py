@@ -49,3 +49,8 @@ def fails_on_odd_length(prompt: str, completion: str, **_: str) -> float:
     if len(completion) % 2:
         raise RuntimeError(f"odd length {len(completion)}")
     return 1.0
+
+
+def newer_is_better(prompt: str, completion: str, sample: object, **_: str) -> float:
+    """Uses the sample itself: its policy version and token count."""
+    return float(sample.policy_version) + len(sample.token_ids) / 100  # type: ignore[attr-defined]

@@ -129,6 +129,13 @@ def test_async_function() -> None:
     assert score.score == 1.0 and not score.HasField("error")
 
 
+def test_function_that_declares_sample_gets_the_reward_sample() -> None:
+    with_meta = sample("p/0", "42", sample="a data field of this name is not passed")
+    with_meta.policy_version, with_meta.token_ids[:] = 7, [5, 6, 7]
+    [score] = scored([rule("meta", "reward_fns:newer_is_better")], [with_meta])
+    assert not score.HasField("error") and score.score == pytest.approx(7.03)
+
+
 @pytest.mark.parametrize(
     ("ref", "says"),
     [

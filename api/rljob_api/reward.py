@@ -12,6 +12,7 @@ from .placement import Placement
 from .pools import Engine, SamplingSpec
 
 RewardKind = Literal["rule", "remote", "disrm", "genrm"]
+RewardDispatch = Literal["sample", "group", "batch"]
 FUNCTION_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
@@ -23,7 +24,8 @@ class RuleReward(Model):
     may be async. An async function that declares a ``judge`` parameter also gets ``judge``,
     a client of the replica's disrm/genrm functions: ``await judge.generate(text)``,
     ``await judge.grade(prompt, completion, **fields)``, ``await judge.score(prompt, completion)``;
-    ``model=<function name>`` picks one when there are several.
+    ``model=<function name>`` picks one when there are several. One that declares a ``sample``
+    parameter also gets the whole RewardSample (sample id, token ids, policy version).
     """
 
     function: str = Field(description="`module.path:function` of the reward function.", max_length=512)
@@ -197,6 +199,14 @@ class RewardSpec(Placement):
         description="After retries: fail the job naming the sample, or exclude the sample from training and count it.",
     )
     max_in_flight_per_replica: int = Field(64, description="Samples in flight on one reward replica.", ge=1, le=65536)
+    dispatch: RewardDispatch = Field(
+        "sample",
+        description=(
+            "When samples go to the reward pool: `sample` streams each one as its generation ends; "
+            "`group` waits for its prompt group to be generated; `batch` waits until the batch being "
+            "generated is complete (the synchronous generate-then-score baseline)."
+        ),
+    )
 
     @field_validator("functions")
     @classmethod

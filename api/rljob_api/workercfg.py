@@ -13,7 +13,7 @@ from pydantic import Field
 
 from .base import Model
 from .pools import Engine, SamplingSpec
-from .reward import ReplicaRange, RewardFunction, ScalingSpec
+from .reward import ReplicaRange, RewardDispatch, RewardFunction, ScalingSpec
 from .spec import AlgorithmSpec, CheckpointSpec, DataSpec, RLJob, WeightSyncSpec
 
 Pool = Literal["rollout", "trainer", "reward"]
@@ -88,6 +88,7 @@ class ControllerConfig(Model):
     reward_retries: int
     reward_on_error: Literal["fail", "exclude"]
     reward_max_in_flight: int
+    reward_dispatch: RewardDispatch
     weight_sync: WeightSyncSpec
     checkpoint: CheckpointSpec
 
@@ -148,6 +149,7 @@ def derive_worker_configs(job: RLJob) -> WorkerConfigs:
             reward_retries=spec.reward.retries,
             reward_on_error=spec.reward.on_error,
             reward_max_in_flight=spec.reward.max_in_flight_per_replica,
+            reward_dispatch=spec.reward.dispatch,
             weight_sync=spec.weight_sync,
             checkpoint=spec.checkpoint,
         ),

@@ -223,9 +223,9 @@ class LocalRun:
         while True:
             now = time.monotonic()
             busy = {
-                "rollout": any(r.in_flight for r in self.clients.live()),
-                "trainer": self.controller is not None and self.controller.training,
-                "reward": any(r.outstanding for r in self.router.stats().replicas.values()),
+                "rollout": self.clients.busy.is_busy,
+                "trainer": self.controller is not None and self.controller.trainer_busy.is_busy,
+                "reward": self.router.busy.is_busy,
             }
             for pool, meter in self.idle.items():
                 meter.record(now, busy[pool])

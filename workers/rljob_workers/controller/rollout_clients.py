@@ -11,6 +11,7 @@ from rljob.v1 import rollout_service_pb2 as pb
 from rljob.v1 import rollout_service_pb2_grpc as pb_grpc
 
 from ..grpc_server import channel
+from .idle import BusyClock
 
 # Codes that mean "this replica is gone", as opposed to "this request was wrong".
 REPLICA_LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}
@@ -40,6 +41,7 @@ class RolloutClients:
 
     max_in_flight: int
     replicas: dict[str, Replica] = field(default_factory=dict)
+    busy: BusyClock = field(default_factory=BusyClock)  # while any prompt is being generated
 
     def add(self, name: str, address: str) -> Replica:
         ch = channel(address)
@@ -63,6 +65,7 @@ class RolloutClients:
     async def generate(self, replica: Replica, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateResponse]:
         """Stream completions; a lost replica raises ReplicaLost (and is marked dead)."""
         replica.in_flight += len(request.prompts)
+        self.busy.begin()
         try:
             async for response in replica.stub.Generate(request):
                 yield response
@@ -73,6 +76,7 @@ class RolloutClients:
             raise
         finally:
             replica.in_flight -= len(request.prompts)
+            self.busy.end()
 
     async def close(self) -> None:
         for name in list(self.replicas):

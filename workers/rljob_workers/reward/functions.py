@@ -8,7 +8,9 @@ Four kinds (built by `kinds.build_functions` from the job's spec):
   ``judge`` parameter also gets ``judge=``, a client of this replica's disrm/genrm models
   (`modelpool.Judge`: ``await judge.generate(text)``, ``await judge.grade(prompt, completion)``,
   ``await judge.score(prompt, completion)``), so LLM-as-a-judge and hybrid rule-plus-model
-  rewards are one function (example: `reward/judge.py`);
+  rewards are one function (example: `reward/judge.py`). One that declares a ``sample``
+  parameter also gets ``sample=``, the whole `RewardSample` (sample id, token ids, the policy
+  version that generated it);
 - ``remote``: external RewardService endpoints (`remote.RemoteScorer`);
 - ``disrm``: a sequence-classification reward model with dynamic batching (`disrm.DisRMScorer`);
 - ``genrm``: a generative judge on a rollout engine (`genrm.GenRMScorer`).
@@ -101,6 +103,7 @@ class WeightedFunction:
     weight: float = 1.0
     kind: str = "rule"
     judge: Judge | None = None
+    takes_sample: bool = False  # a rule that declares `sample` gets the RewardSample itself
 
 
 @dataclass(frozen=True)
@@ -252,10 +255,13 @@ class RewardFunctionSet:
 
 
 def _kwargs(function: WeightedFunction, sample: sample_pb2.RewardSample) -> dict[str, Any]:
-    """A rule's keyword arguments: the data fields, prompt, completion and, when it takes one, the judge."""
-    reserved = RESERVED_ARGS | {"judge"} if function.judge is not None else RESERVED_ARGS
-    kwargs: dict[str, Any] = {k: v for k, v in sample.fields.items() if k not in reserved}
-    kwargs.update(prompt=sample.prompt, completion=sample.completion)
+    """A rule's keyword arguments: the data fields, prompt, completion and, when it takes them, judge and sample."""
+    extra: dict[str, Any] = {}
     if function.judge is not None:
-        kwargs["judge"] = function.judge
+        extra["judge"] = function.judge
+    if function.takes_sample:
+        extra["sample"] = sample
+    reserved = RESERVED_ARGS | extra.keys()
+    kwargs: dict[str, Any] = {k: v for k, v in sample.fields.items() if k not in reserved}
+    kwargs.update(prompt=sample.prompt, completion=sample.completion, **extra)
     return kwargs

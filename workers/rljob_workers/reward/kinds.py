@@ -14,7 +14,7 @@ from rljob_api.reward import RewardFunction
 
 from .base import RewardConfigError, SampleScorer
 from .functions import WeightedFunction, load_function
-from .modelpool import Judge, takes_judge
+from .modelpool import Judge, declares, takes_judge
 
 if TYPE_CHECKING:
     from .disrm import DisRMScorer
@@ -53,8 +53,9 @@ def build_scorer(spec: RewardFunction, timeout_seconds: float, gpus: int) -> Sam
 def _rule(spec: RewardFunction, judge: Judge | None) -> WeightedFunction:
     assert spec.rule is not None
     fn = load_function(spec.name, spec.rule.function)
+    takes_sample = declares(fn, "sample")
     if not takes_judge(fn):
-        return WeightedFunction(spec.name, fn, spec.weight)
+        return WeightedFunction(spec.name, fn, spec.weight, takes_sample=takes_sample)
     from .functions import is_async
 
     if not is_async(fn):
@@ -67,7 +68,7 @@ def _rule(spec: RewardFunction, judge: Judge | None) -> WeightedFunction:
             f"reward function {spec.name!r}: {spec.rule.function} takes a judge, but the job has no "
             "disrm or genrm function for it to use"
         )
-    return WeightedFunction(spec.name, fn, spec.weight, judge=judge)
+    return WeightedFunction(spec.name, fn, spec.weight, judge=judge, takes_sample=takes_sample)
 
 
 def _build(spec: RewardFunction, timeout_seconds: float, gpus: int) -> SampleScorer:

@@ -38,12 +38,17 @@ if TYPE_CHECKING:  # the models import torch; a rule-only replica never does
 M = TypeVar("M")
 
 
-def takes_judge(fn: Callable[..., Any]) -> bool:
-    """Whether a rule function declares a `judge` parameter."""
+def declares(fn: Callable[..., Any], parameter: str) -> bool:
+    """Whether a rule function declares a parameter of this name."""
     try:
-        return "judge" in inspect.signature(fn).parameters
+        return parameter in inspect.signature(fn).parameters
     except (TypeError, ValueError):  # builtins without a signature
         return False
+
+
+def takes_judge(fn: Callable[..., Any]) -> bool:
+    """Whether a rule function declares a `judge` parameter."""
+    return declares(fn, "judge")
 
 
 class Judge:

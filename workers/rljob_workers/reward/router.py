@@ -24,6 +24,7 @@ import grpc
 
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 
+from ..controller.idle import BusyClock
 from ..grpc_server import channel
 from .functions import INVALID, TRANSIENT, error_score
 from .server import UNAVAILABLE_PREFIX, is_refusal
@@ -73,6 +74,8 @@ class RouterStats:
     refused: int
     duplicates_dropped: int
     waiting: int
+    service_seconds: float  # summed over answered samples: the reward work done so far
+    busy_seconds: float  # time any sample was outstanding on a replica
 
 
 class _Replica:
@@ -118,6 +121,8 @@ class RewardRouter:
         self.requeued = 0
         self.refused = 0
         self.duplicates_dropped = 0
+        self.service_seconds = 0.0
+        self.busy = BusyClock()
 
     async def add_replica(self, name: str, address: str, *, max_in_flight: int | None = None) -> None:
         """Open a Score stream to `address`; its limit comes from Info unless given."""
@@ -231,6 +236,7 @@ class RewardRouter:
     async def _send(
         self, replica: _Replica, sample: sample_pb2.RewardSample, entry: _InFlight
     ) -> sample_pb2.SampleScore:
+        self.busy.begin()
         try:
             try:
                 async with replica.write_lock:
@@ -243,6 +249,7 @@ class RewardRouter:
             if replica.outstanding.get(sample.sample_id) is entry:  # the caller gave up (cancelled)
                 del replica.outstanding[sample.sample_id]
                 self._notify()
+            self.busy.end()
 
     async def _read(self, replica: _Replica) -> None:
         reason = "stream closed by the replica"
@@ -260,7 +267,9 @@ class RewardRouter:
         if entry is None or entry.future.done():
             self.duplicates_dropped += 1
             return
-        replica.observe(time.monotonic() - entry.sent_at)
+        seconds = time.monotonic() - entry.sent_at
+        replica.observe(seconds)
+        self.service_seconds += seconds
         entry.future.set_result(score)
         self._notify()
 
@@ -297,6 +306,8 @@ class RewardRouter:
             refused=self.refused,
             duplicates_dropped=self.duplicates_dropped,
             waiting=self._waiting,
+            service_seconds=self.service_seconds,
+            busy_seconds=self.busy.seconds(),
         )
 
     async def close(self) -> None:

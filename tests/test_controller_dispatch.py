@@ -1,0 +1,201 @@
+"""When the controller sends samples to reward (spec.reward.dispatch), on in-process fakes of the pools.
+
+The fakes stand in for gRPC and Ray only to make the order of events observable and exact:
+each records (sequence number, event) in one log, so "scored before its group was generated"
+is a comparison of two integers, not of clocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from rljob.v1 import rollout_service_pb2 as rollout_pb
+from rljob.v1 import sample_pb2
+from rljob_api import parse_rljob
+from rljob_api.workercfg import derive_worker_configs
+from rljob_workers.controller.data import PromptSource
+from rljob_workers.controller.loop import Controller
+from rljob_workers.trainer.policy import TrainSample
+
+from conftest import REPO
+
+
+@dataclass
+class Log:
+    counter: itertools.count = field(default_factory=itertools.count)
+    generated: dict[str, int] = field(default_factory=dict)  # sample id -> sequence number
+    scored: dict[str, int] = field(default_factory=dict)
+    trained: list[tuple[int, list[str]]] = field(default_factory=list)  # (sequence number, prompt ids)
+
+    def tick(self) -> int:
+        return next(self.counter)
+
+
+@dataclass
+class FakeReplica:
+    name: str = "rollout-0"
+    in_flight: int = 0
+
+
+@dataclass
+class FakeRollout:
+    """Generates a group's samples one by one; later prompts and later indices take longer."""
+
+    log: Log
+    version: list[int]
+    replica: FakeReplica = field(default_factory=FakeReplica)
+    started: int = 0
+
+    def pick(self) -> FakeReplica:
+        return self.replica
+
+    def live(self) -> list[FakeReplica]:
+        return [self.replica]
+
+    async def generate(
+        self, replica: FakeReplica, request: rollout_pb.GenerateRequest
+    ) -> AsyncIterator[rollout_pb.GenerateResponse]:
+        prompt, version = request.prompts[0], self.version[0]  # a request is generated under one version
+        self.started += 1
+        delay = 0.002 * (self.started % 3 + 1)  # groups finish at different times
+        for index in range(prompt.first_index, prompt.first_index + prompt.n):
+            await asyncio.sleep(delay)
+            sample_id = f"{prompt.prompt_id}/{index}"
+            # A stale group is generated again under the same ids: log each generation apart.
+            self.log.generated[f"{sample_id}@v{version}"] = self.log.tick()
+            yield rollout_pb.GenerateResponse(
+                completion=sample_pb2.Completion(
+                    sample_id=sample_id,
+                    prompt_id=prompt.prompt_id,
+                    index=index,
+                    prompt_token_ids=[1, 2],
+                    token_ids=[3, index % 5 + 4],
+                    logprobs=[-0.5, -0.7],
+                    policy_version=version,
+                    text=str(index),
+                )
+            )
+
+
+@dataclass
+class FakeScorer:
+    log: Log
+
+    async def score(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore:
+        key = f"{sample.sample_id}@v{sample.policy_version}"
+        assert key not in self.log.scored, f"{key} scored twice"
+        self.log.scored[key] = self.log.tick()
+        await asyncio.sleep(0.001)
+        return sample_pb2.SampleScore(sample_id=sample.sample_id, score=float(len(sample.completion)))
+
+
+@dataclass
+class FakeTrainer:
+    log: Log
+
+    async def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
+        await asyncio.sleep(0.003)
+        return {"loss": 0.0}
+
+    async def save_checkpoint(self, step: int, version: int, controller_state: dict[str, Any]) -> str:
+        return f"ckpt-{step}"
+
+
+def run_controller(dispatch: str, max_staleness: int, steps: int = 4, per_step: int = 3, n: int = 4) -> Log:
+    doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
+    doc["spec"]["algorithm"].update(groupSize=n, promptsPerStep=per_step, totalSteps=steps, maxStaleness=max_staleness)
+    doc["spec"]["reward"]["dispatch"] = dispatch
+    config = derive_worker_configs(parse_rljob(doc)).controller
+    log, version = Log(), [0]
+
+    async def sync_weights(new_version: int) -> None:
+        version[0] = new_version
+
+    def on_step(report: Any) -> None:
+        log.trained.append((log.tick(), report.prompt_ids))
+
+    controller = Controller(
+        config=config,
+        prompts=PromptSource([(f"q{i}", {"answer": "1"}) for i in range(40)], seed=0),
+        rollout=FakeRollout(log, version),  # type: ignore[arg-type]
+        scorer=FakeScorer(log),
+        trainer=FakeTrainer(log),
+        sync_weights=sync_weights,
+        on_step=on_step,
+    )
+    asyncio.run(asyncio.wait_for(controller.run(), 30))
+    trained = [p for _, prompts in log.trained for p in prompts]
+    assert len(trained) == len(set(trained)) == steps * per_step, "each prompt is trained exactly once"
+    assert controller.counts.trained == steps * per_step * n
+    assert controller.counts.scored >= controller.counts.trained
+    assert set(log.scored) <= set(log.generated), "only generated samples are scored"
+    return log
+
+
+def group_of(key: str) -> str:
+    """The generation of a group a log key belongs to: "<prompt_id>@v<version>"."""
+    sample_id, version = key.split("@")
+    return f"{sample_id.split('/')[0]}@{version}"
+
+
+def last_generated(log: Log, groups: set[str]) -> int:
+    return max(seq for key, seq in log.generated.items() if group_of(key) in groups)
+
+
+def trained_groups(log: Log, prompt_ids: list[str]) -> set[str]:
+    """The generations a step trained on: the newest generation of each of its prompts."""
+    newest: dict[str, str] = {}
+    for key in log.generated:  # in generation order
+        group = group_of(key)
+        newest[group.split("@")[0]] = group
+    return {newest[p] for p in prompt_ids}
+
+
+def test_sample_dispatch_scores_while_the_group_is_still_generating():
+    log = run_controller("sample", max_staleness=1)
+    early = [key for key, seq in log.scored.items() if seq < last_generated(log, {group_of(key)})]
+    assert early, "streaming dispatch never scored a sample before its group was complete"
+
+
+def test_group_dispatch_waits_for_the_whole_group_only():
+    log = run_controller("group", max_staleness=1)
+    for key, seq in log.scored.items():
+        assert seq > last_generated(log, {group_of(key)}), f"{key} scored before its group was generated"
+    # ...but not for the rest of the batch: a group is scored while another of its step is still generating.
+    first_step = trained_groups(log, log.trained[0][1])
+    assert min(log.scored[k] for k in log.scored if group_of(k) in first_step) < last_generated(log, first_step)
+
+
+def test_batch_dispatch_with_max_staleness_0_is_generate_then_score_then_train():
+    log = run_controller("batch", max_staleness=0)
+    previous_train = -1
+    for train_seq, prompt_ids in log.trained:
+        batch = trained_groups(log, prompt_ids)
+        generated = [seq for key, seq in log.generated.items() if group_of(key) in batch]
+        scored = [seq for key, seq in log.scored.items() if group_of(key) in batch]
+        assert previous_train < min(generated), "generation starts after the previous step trained"
+        assert max(generated) < min(scored), f"{sorted(batch)} was scored before all of it was generated"
+        assert max(scored) < train_seq
+        previous_train = train_seq
+
+
+def test_batch_dispatch_releases_whole_batches_when_pipelined():
+    """With maxStaleness 1 generation never pauses, so samples go out promptsPerStep groups at a time."""
+    per_step = 3
+    log = run_controller("batch", max_staleness=1, per_step=per_step)
+    order = sorted(log.scored.items(), key=lambda item: item[1])
+    released: list[set[str]] = []  # groups sent to reward between two generation events
+    last_seen = -1
+    for key, seq in order:
+        generated_since = any(last_seen < g < seq for g in log.generated.values())
+        if not released or generated_since:
+            released.append(set())
+        released[-1].add(group_of(key))
+        last_seen = seq
+    assert all(len(groups) >= per_step for groups in released[:-1]), released
