@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rljob_workers.controller.data import DataError, PromptSource, load_prompts
+from rljob_workers.controller.data import DataError, Prompt, PromptSource, load_prompts
 from rljob_workers.controller.groups import GroupTracker, Sample, dispatch_allowed, staleness
 
 
@@ -108,3 +108,31 @@ def test_missing_indices_after_partial_stream():
     tracker.receive(_sample(prompt.prompt_id, 0))
     tracker.receive(_sample(prompt.prompt_id, 2))
     assert group.missing() == [1, 3]
+
+
+def _ready_group(tracker: GroupTracker, prompt_id: str, dispatched: int, version: int | None = None) -> None:
+    prompt = Prompt(prompt_id, prompt_id, {})
+    tracker.start(prompt, 1, dispatched)
+    tracker.receive(_sample(prompt_id, 0, dispatched if version is None else version))
+    tracker.score(prompt_id, 0, 1.0, {})
+
+
+def test_batch_takes_oldest_ready_group_first():
+    tracker = GroupTracker()
+    _ready_group(tracker, "new", dispatched=3)
+    _ready_group(tracker, "old", dispatched=2)
+    taken = tracker.take_for_batch(version=3, max_staleness=2, room=2)
+    assert taken is not None and taken.prompt.prompt_id == "old"
+
+
+def test_batch_waits_for_a_group_the_next_step_could_not_train():
+    tracker = GroupTracker()
+    tracker.start(Prompt("slow", "slow", {}), 1, 1)  # dispatched at version 1, still generating
+    _ready_group(tracker, "fresh", dispatched=3)
+    # Trained at version 3 with maxStaleness 2, "slow" must be in this batch or it is too stale:
+    # with one place left, the batch waits for it instead of taking "fresh".
+    assert tracker.take_for_batch(version=3, max_staleness=2, room=1) is None
+    # With room for both, "fresh" may go first.
+    taken = tracker.take_for_batch(version=3, max_staleness=2, room=2)
+    assert taken is not None and taken.prompt.prompt_id == "fresh"
+    assert tracker.take_for_batch(version=3, max_staleness=2, room=1) is None  # nothing ready

@@ -30,6 +30,7 @@ class Group:
 
     prompt: Prompt
     n: int
+    dispatched_version: int = 0  # the controller's policy version when the group was dispatched
     received: dict[int, Sample] = field(default_factory=dict)
     excluded: set[int] = field(default_factory=set)
 
@@ -47,7 +48,8 @@ class Group:
         return [i for i in range(self.n) if i not in self.received]
 
     def oldest_version(self) -> int:
-        return min(s.policy_version for s in self.received.values())
+        """The oldest policy version among its samples (the dispatch version before any arrived)."""
+        return min((s.policy_version for s in self.received.values()), default=self.dispatched_version)
 
 
 def dispatch_allowed(outstanding_groups: int, prompts_per_step: int, max_staleness: int) -> bool:
@@ -73,10 +75,28 @@ class GroupTracker:
     ready: deque[Group] = field(default_factory=deque)
     duplicates: int = 0
 
-    def start(self, prompt: Prompt, n: int) -> Group:
+    def start(self, prompt: Prompt, n: int, version: int = 0) -> Group:
         if prompt.prompt_id in self.groups:
             raise KeyError(f"prompt {prompt.prompt_id} already in flight")
-        group = self.groups[prompt.prompt_id] = Group(prompt, n)
+        group = self.groups[prompt.prompt_id] = Group(prompt, n, version)
+        return group
+
+    def take_for_batch(self, version: int, max_staleness: int, room: int) -> Group | None:
+        """The next group for the batch trained at `version` with `room` places left; None: wait.
+
+        Oldest first. A group still in flight that the step after this one could no longer
+        train (dispatched `max_staleness` or more versions ago) is waited for rather than
+        passed over by newer ready groups, while the batch has no room for more than those:
+        taking completion order alone lets newer groups fill batch after batch until the slow
+        old one is too stale and its work is thrown away.
+        """
+        if not self.ready:
+            return None
+        group = min(self.ready, key=Group.oldest_version)
+        urgent_in_flight = sum(1 for g in self.groups.values() if version - g.dispatched_version >= max_staleness)
+        if version - group.oldest_version() < max_staleness and urgent_in_flight >= room:
+            return None
+        self.ready.remove(group)
         return group
 
     def receive(self, sample: Sample) -> bool:

@@ -175,11 +175,20 @@ class Controller:
     async def _next_batch(self) -> list[Group]:
         """promptsPerStep complete groups, each within maxStaleness of the version to train."""
         batch: list[Group] = []
+        taken: list[Group] = []
+
+        def take() -> bool:
+            room = self.algo.prompts_per_step - len(batch)
+            group = self.tracker.take_for_batch(self.version, self.algo.max_staleness, room)
+            if group is not None:
+                taken.append(group)
+            return group is not None or self._failure is not None
+
         async with self._changed:
             while len(batch) < self.algo.prompts_per_step:
-                await self._changed.wait_for(lambda: bool(self.tracker.ready) or self._failure is not None)
+                await self._changed.wait_for(take)
                 self._raise_if_failed()
-                group = self.tracker.ready.popleft()
+                group = taken.pop()
                 if group.received and staleness(group.oldest_version(), self.version) > self.algo.max_staleness:
                     # Too old to train on: regenerate the prompt with the current policy.
                     self.counts.discarded_stale += len(group.received)
@@ -225,7 +234,7 @@ class Controller:
             async with self._changed:
                 await self._changed.wait_for(lambda: self._may_dispatch() and self.rollout.pick() is not None)
                 prompt = self.prompts.next()
-                self.tracker.start(prompt, self.algo.group_size)
+                self.tracker.start(prompt, self.algo.group_size, self.version)
                 self._spawn(self._generate(prompt, list(range(self.algo.group_size))))
 
     def _spawn(self, coroutine: Any) -> None:
