@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import math
 import socket
 import time
 import urllib.request
@@ -18,16 +19,16 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
-from rljob.v1 import reward_service_pb2_grpc, sample_pb2
+from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_api.reward import RewardFunction
 from rljob_api.workercfg import RewardWorkerConfig
-from rljob_workers.grpc_server import RunningServer
+from rljob_workers.grpc_server import RunningServer, Service, start_server
 from rljob_workers.reward import RewardConfigError, RewardFunctionSet, serve_reward
 from rljob_workers.reward.breaker import Balancer, CircuitBreaker
 from rljob_workers.reward.disrm import DisRMScorer
 from rljob_workers.reward.genrm import fill_template, parse_score
 from rljob_workers.reward.remote import RemoteScorer
-from rljob_workers.reward.server import RewardServicer, start_reward_server
+from rljob_workers.reward.server import SERVICE_NAME, RewardServicer, start_reward_server
 
 INVALID = sample_pb2.ERROR_CLASS_INVALID
 FUNCTION = sample_pb2.ERROR_CLASS_FUNCTION
@@ -71,6 +72,33 @@ async def function_set(*functions: RewardFunction, timeout: float = 5.0) -> Asyn
 async def rule_server(ref: str = "reward_fns:exact", port: int = 0) -> tuple[RunningServer, RewardServicer]:
     functions = RewardFunctionSet.from_spec([fn("exact", "rule", function=ref)], 10.0)
     return await start_reward_server(functions, name="exact", max_in_flight=64, port=port)
+
+
+class RangedServicer(RewardServicer):
+    """rljob's RewardService whose Info declares `score_range` (None: Info answers UNIMPLEMENTED)."""
+
+    def __init__(self, functions: RewardFunctionSet, score_range: tuple[float, float] | None) -> None:
+        super().__init__(functions, name="len", max_in_flight=64)
+        self.score_range = score_range
+        self.info_calls = 0
+
+    async def Info(
+        self, request: reward_service_pb2.InfoRequest, context: grpc.aio.ServicerContext
+    ) -> reward_service_pb2.InfoResponse:
+        self.info_calls += 1
+        if self.score_range is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this service has no Info")
+        info = await super().Info(request, context)
+        info.min_score, info.max_score = self.score_range
+        return info
+
+
+async def ranged_server(score_range: tuple[float, float] | None, port: int = 0) -> tuple[RunningServer, RangedServicer]:
+    """A RewardService scoring len(completion), whose Info declares `score_range`."""
+    functions = RewardFunctionSet.from_spec([fn("len", "rule", function="reward_fns:length")], 10.0)
+    servicer = RangedServicer(functions, score_range)
+    service = Service(reward_service_pb2_grpc.add_RewardServiceServicer_to_server, servicer, SERVICE_NAME)
+    return await start_server([service], "127.0.0.1", port), servicer
 
 
 def scored_total(servicer: RewardServicer) -> float:
@@ -260,6 +288,71 @@ def test_remote_spreads_concurrent_samples_over_endpoints() -> None:
         assert [scored_total(servicer) for _, servicer in servers] == [10, 10]
         for server, _ in servers:
             await server.stop(None)
+
+    run(go())
+
+
+def test_remote_refuses_a_score_outside_the_range_its_info_declares() -> None:
+    async def go() -> None:
+        port = free_port()
+        address = f"127.0.0.1:{port}"
+        server, servicer = await ranged_server((0.0, 3.0), port)
+        servers = [server]
+        remote = fn("len", "remote", endpoints=[address], failureThreshold=1, resetSeconds=0.5)
+        try:
+            async with function_set(remote) as fs:
+                inside = await asyncio.gather(*(fs.score(sample(f"p/{i}", "abc"[:i])) for i in range(4)))
+                assert [s.score for s in inside] == [0.0, 1.0, 2.0, 3.0], "both bounds are inside"
+                assert not any(s.HasField("error") for s in inside)
+                assert servicer.info_calls == 1, "concurrent first samples share one Info call"
+                over = await fs.score(sample("p/4", "12345"))
+                assert (over.error.error_class, over.error.function, dict(over.components)) == (FUNCTION, "len", {})
+                assert over.error.message == (
+                    f"remote reward 'len': endpoint {address}: sample 'p/4': score 5.0 is outside the range "
+                    "[0.0, 3.0] its Info declares"
+                )
+                assert servicer.info_calls == 1, "Info is asked once, not per sample"
+                await server.stop(None)
+                assert (await fs.score(sample("p/5"))).error.error_class == TRANSIENT
+                server, servicer = await ranged_server((0.0, 10.0), port)  # back, as a version with a wider range
+                servers.append(server)
+                await asyncio.sleep(0.55)  # resetSeconds: the next call is the breaker's trial
+                back = await fs.score(sample("p/6", "12345"))
+                assert back.score == 5.0 and not back.HasField("error"), back.error.message
+                assert servicer.info_calls == 1, "the endpoint that came back was asked its Info again"
+        finally:
+            for running in servers:
+                await running.stop(None)
+
+    run(go())
+
+
+@pytest.mark.parametrize(
+    ("score_range", "says"),
+    [
+        ((0.0, 0.0), ""),  # both bounds unset: no range declared
+        (None, ""),  # no Info at all (UNIMPLEMENTED)
+        ((-math.inf, math.inf), ""),
+        ((3.0, 1.0), "sample 'p/0' not sent: its Info declares the empty score range [3.0, 1.0]"),
+    ],
+    ids=["unset", "unimplemented", "unbounded", "empty"],
+)
+def test_remote_without_a_usable_info_range(score_range: tuple[float, float] | None, says: str) -> None:
+    async def go() -> None:
+        server, servicer = await ranged_server(score_range)
+        try:
+            async with function_set(fn("len", "remote", endpoints=[f"127.0.0.1:{server.port}"])) as fs:
+                results = [await fs.score(sample(f"p/{i}", "12345")) for i in range(2)]
+        finally:
+            await server.stop(None)
+        if not says:  # only finiteness is checked
+            assert [r.score for r in results] == [5.0, 5.0] and not any(r.HasField("error") for r in results)
+            assert servicer.info_calls == 1
+            return
+        assert [r.error.error_class for r in results] == [FUNCTION, FUNCTION] and not results[0].score
+        assert says in results[0].error.message and "remote reward 'len'" in results[0].error.message
+        assert servicer.info_calls == 2, "a bad Info is asked again: the endpoint may have been fixed"
+        assert scored_total(servicer) == 0, "no sample is sent to an endpoint whose range is empty"
 
     run(go())
 
