@@ -26,7 +26,7 @@ from rljob_workers.grpc_server import RunningServer, Service, start_server
 from rljob_workers.reward import RewardConfigError, RewardFunctionSet, serve_reward
 from rljob_workers.reward.breaker import Balancer, CircuitBreaker
 from rljob_workers.reward.disrm import DisRMScorer
-from rljob_workers.reward.genrm import fill_template, parse_score
+from rljob_workers.reward.genrm import GenRMScorer, fill_template, parse_score
 from rljob_workers.reward.remote import RemoteScorer
 from rljob_workers.reward.server import SERVICE_NAME, RewardServicer, start_reward_server
 
@@ -115,8 +115,12 @@ def char_tokenizer(path: Path) -> dict[str, int]:
     return vocab
 
 
-def scripted_judge(path: Path, script: dict[str, str], default: str = "</s>") -> Path:
-    """A Llama with no layers: logits depend on the last token only, so `script` (token -> next) is what it says."""
+def scripted_judge(path: Path, script: dict[str, str], default: str = "</s>", *, unsure_after: str = "") -> Path:
+    """A Llama with no layers: logits depend on the last token only, so `script` (token -> next) is what it says.
+
+    After `unsure_after` it hesitates: the scripted token leads every other by about 0.7 (of logit), so
+    it is the greedy choice but only about 4% of the samples at temperature 1.
+    """
     vocab = char_tokenizer(path)
     n = len(vocab)
     config = LlamaConfig(
@@ -129,7 +133,8 @@ def scripted_judge(path: Path, script: dict[str, str], default: str = "</s>") ->
         model.model.norm.weight.fill_(1.0)
         head = torch.zeros(n, n)
         for token, index in vocab.items():
-            head[vocab[script.get(token, default)], index] = 30.0
+            # Final-norm output of a one-hot embedding is sqrt(n) at its token: 0.1 is a lead of about 0.7.
+            head[vocab[script.get(token, default)], index] = 0.1 if token == unsure_after else 30.0
         model.lm_head.weight.copy_(head)
     model.save_pretrained(path)
     return path
@@ -626,6 +631,23 @@ def sync_judged(prompt: str, completion: str, judge: Any, **_: str) -> float:
 def test_judge_config_errors(ref: str, says: str) -> None:
     with pytest.raises(RewardConfigError, match=f"reward function 'r': {ref} {says}"):
         RewardFunctionSet.from_spec([fn("r", "rule", function=ref)], 1.0)
+
+
+def test_genrm_at_temperature_0_decodes_greedily(tmp_path: Path) -> None:
+    unsure = scripted_judge(tmp_path / "unsure", {":": "7"}, unsure_after=":")  # "7" is likeliest, yet rarely drawn
+
+    async def go() -> None:
+        async with function_set(genrm("g", unsure, sampling={"temperature": 0, "maxNewTokens": 2})) as fs:
+            one_by_one = [await fs.score(sample(f"p/{i}", answer="42")) for i in range(4)]
+            batched = await asyncio.gather(*(fs.score(sample(f"q/{i}", answer="42")) for i in range(4)))
+            assert [dict(s.components) for s in [*one_by_one, *batched]] == [{"g": 7.0}] * 8
+        async with function_set(genrm("g", unsure, sampling={"temperature": 1, "maxNewTokens": 2})) as fs:
+            [scorer] = fs.scorers
+            assert isinstance(scorer, GenRMScorer)
+            answers = [await scorer.generate("score:", request_id=f"r{i}") for i in range(8)]
+            assert len(set(answers)) > 1, f"sampled, this judge's answers vary ({answers}): 7s above are no luck"
+
+    run(go())
 
 
 # -- the server's metrics ------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from pydantic import Field, field_validator, model_validator
 
 from .base import FieldRuleError, Model, cel, cel_rules
 from .placement import Placement
-from .pools import Engine, SamplingSpec
+from .pools import Engine, JudgeSamplingSpec
 
 RewardKind = Literal["rule", "remote", "disrm", "genrm"]
 RewardDispatch = Literal["sample", "group", "batch"]
@@ -100,7 +100,9 @@ class GenRMReward(Model):
     score_pattern: str | None = Field(
         None, description="With scoreParser regex: its first group is the score.", max_length=1024
     )
-    sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Judge sampling.")
+    sampling: JudgeSamplingSpec = Field(
+        default_factory=JudgeSamplingSpec, description="Judge sampling; temperature 0 decodes greedily."
+    )
 
     @model_validator(mode="after")
     def _pattern_for_regex(self) -> GenRMReward:
