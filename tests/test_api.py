@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from rljob_api import RLJob, RLJobInvalid, derive_worker_configs, load_rljob, parse_rljob
 from rljob_api.crd import openapi_schema
+from rljob_api.reward import RewardFunction
 
 from conftest import EXAMPLES, REPO
 
@@ -45,9 +46,9 @@ REMOTE_BAD_ENDPOINT = [{"name": "judge", "kind": "remote", "remote": {"endpoints
 
 
 def _judge(temperature: float) -> dict[str, Any]:
-    """A genrm function sampling at `temperature`."""
+    """A judge-only genrm function sampling at `temperature`."""
     genrm = {"modelPath": "/m", "promptTemplate": "{completion}", "sampling": {"temperature": temperature}}
-    return {"name": "judge", "kind": "genrm", "genrm": genrm}
+    return {"name": "judge", "kind": "genrm", "judgeOnly": True, "genrm": genrm}
 
 
 GREEDY_JUDGE = _judge(0)
@@ -137,6 +138,16 @@ BAD_SPECS: list[tuple[str, Mutation, str]] = [
         "spec.rollout.sampling.temperature: Input should be greater than 0",
     ),
     (
+        "judgeOnly rule",
+        _set("spec.reward.functions.0.judgeOnly", True),
+        "spec.reward.functions[0].judgeOnly: is only for disrm and genrm functions, not rule",
+    ),
+    (
+        "nothing but judges",
+        _set("spec.reward.functions", [GREEDY_JUDGE]),
+        "spec.reward.functions: every function is judgeOnly; at least one must score the samples",
+    ),
+    (
         "negative judge temperature",
         _set("spec.reward.functions", [JUDGED_RULE, _judge(-0.5)]),
         "spec.reward.functions[1].genrm.sampling.temperature: Input should be greater than or equal to 0",
@@ -216,6 +227,32 @@ def test_crd_lets_only_a_judge_decode_greedily():
     function = spec["reward"]["properties"]["functions"]["items"]
     judge = function["properties"]["genrm"]["properties"]["sampling"]["properties"]["temperature"]
     assert (judge["minimum"], judge.get("exclusiveMinimum")) == (0, None), "a judge may decode greedily"
+
+
+def test_judge_only_defaults_to_false_and_is_parsed(example_doc):
+    doc = copy.deepcopy(example_doc)
+    assert not parse_rljob(doc).spec.reward.functions[0].judge_only
+    doc["spec"]["reward"]["functions"] = [JUDGED_RULE, GREEDY_JUDGE]
+    assert [f.judge_only for f in parse_rljob(doc).spec.reward.functions] == [False, True]
+
+
+def test_crd_states_the_judge_only_rules():
+    reward = openapi_schema()["properties"]["spec"]["properties"]["reward"]
+    function = reward["properties"]["functions"]["items"]
+    assert function["properties"]["judgeOnly"] == {
+        "default": False,
+        "description": RewardFunction.model_fields["judge_only"].description,
+        "type": "boolean",
+    }
+    assert {"rule": "!self.judgeOnly || self.kind in ['disrm', 'genrm']"}.items() <= (
+        function["x-kubernetes-validations"][-1].items()
+    )
+    assert reward["x-kubernetes-validations"] == [
+        {
+            "rule": "self.functions.exists(f, !f.judgeOnly)",
+            "message": "every function is judgeOnly; at least one must score the samples",
+        }
+    ]
 
 
 def test_several_errors_are_all_reported(example_doc):

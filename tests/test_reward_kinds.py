@@ -44,8 +44,9 @@ def run(coro: Awaitable[T], timeout: float = 60) -> T:
     return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]
 
 
-def fn(name: str, kind: str, weight: float = 1.0, **config: Any) -> RewardFunction:
-    return RewardFunction.model_validate({"name": name, "kind": kind, "weight": weight, kind: config})
+def fn(name: str, kind: str, weight: float = 1.0, *, judge_only: bool = False, **config: Any) -> RewardFunction:
+    spec = {"name": name, "kind": kind, "weight": weight, "judgeOnly": judge_only, kind: config}
+    return RewardFunction.model_validate(spec)
 
 
 def sample(sid: str, completion: str = "42", prompt: str = "6*7=", **fields: str) -> sample_pb2.RewardSample:
@@ -631,6 +632,55 @@ def sync_judged(prompt: str, completion: str, judge: Any, **_: str) -> float:
 def test_judge_config_errors(ref: str, says: str) -> None:
     with pytest.raises(RewardConfigError, match=f"reward function 'r': {ref} {says}"):
         RewardFunctionSet.from_spec([fn("r", "rule", function=ref)], 1.0)
+
+
+def test_judge_only_model_serves_the_judge_and_scores_no_sample(rm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    closed: list[str] = []
+
+    async def go() -> None:
+        functions = [
+            fn("rm-penalised", "rule", function="rljob_workers.reward.judge:length_penalised_rm"),
+            fn("rm", "disrm", 5.0, modelPath=str(rm_dir), maxWaitMs=1, judge_only=True),  # its weight is ignored
+        ]
+        async with function_set(*functions) as fs:
+            assert fs.names == ["rm-penalised"]
+            [scorer] = fs.scorers
+            assert isinstance(scorer, DisRMScorer) and fs.judge_only == [scorer]
+            samples = [sample(f"p/{i}", "x" * (i + 1)) for i in range(6)]
+            scores = [await fs.score(s) for s in samples]
+            assert [dict(s.components) for s in scores] == [{"rm-penalised": s.score} for s in scores]
+            expected = [scorer.forward([(s.prompt, s.completion)])[0] for s in samples]
+            assert [s.score for s in scores] == pytest.approx(expected, abs=1e-5), "the judge called the model"
+            assert sum(scorer.batch_sizes) == len(samples), "once per sample, by the judge only"
+            close = scorer.close
+
+            async def spy() -> None:
+                closed.append(scorer.name)
+                await close()
+
+            monkeypatch.setattr(scorer, "close", spy)
+
+    run(go())
+    assert closed == ["rm"], "closing the function set closes its judge-only models"
+
+
+@pytest.mark.parametrize(
+    ("functions", "says"),
+    [
+        (
+            [("exact", "rule", {"function": "reward_fns:exact"}), ("rm", "disrm", {"modelPath": "/nonexistent"})],
+            "reward function 'rm' is judgeOnly, but no rule function takes a judge to call it",
+        ),
+        ([("rm", "disrm", {"modelPath": "/nonexistent"})], "every reward function is judgeOnly (['rm'])"),
+    ],
+    ids=["no rule takes a judge", "nothing scores the samples"],
+)
+def test_judge_only_config_errors_name_the_function(functions: list[tuple[str, str, Any]], says: str) -> None:
+    """Refused before any model is loaded: the model path does not even exist."""
+    specs = [fn(name, kind, judge_only=kind == "disrm", **config) for name, kind, config in functions]
+    with pytest.raises(RewardConfigError) as info:
+        RewardFunctionSet.from_spec(specs, 1.0)
+    assert says in str(info.value)
 
 
 def test_genrm_at_temperature_0_decodes_greedily(tmp_path: Path) -> None:
