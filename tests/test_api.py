@@ -12,6 +12,8 @@ import pytest
 from pydantic import BaseModel
 
 from rljob_api import RLJob, RLJobInvalid, derive_worker_configs, load_rljob, parse_rljob
+from rljob_api.crd import openapi_schema
+from rljob_api.reward import RewardFunction
 
 from conftest import EXAMPLES, REPO
 
@@ -41,6 +43,16 @@ def _drop(path: str) -> Mutation:
 
 
 REMOTE_BAD_ENDPOINT = [{"name": "judge", "kind": "remote", "remote": {"endpoints": ["nohost"]}}]
+
+
+def _judge(temperature: float) -> dict[str, Any]:
+    """A judge-only genrm function sampling at `temperature`."""
+    genrm = {"modelPath": "/m", "promptTemplate": "{completion}", "sampling": {"temperature": temperature}}
+    return {"name": "judge", "kind": "genrm", "judgeOnly": True, "genrm": genrm}
+
+
+GREEDY_JUDGE = _judge(0)
+JUDGED_RULE = {"name": "graded", "kind": "rule", "rule": {"function": "rljob_workers.reward.judge:gated_grade"}}
 DUPLICATE_FUNCTIONS = [
     {"name": "same", "kind": "rule", "rule": {"function": "m:f"}},
     {"name": "same", "kind": "rule", "rule": {"function": "m:g"}},
@@ -126,6 +138,21 @@ BAD_SPECS: list[tuple[str, Mutation, str]] = [
         "spec.rollout.sampling.temperature: Input should be greater than 0",
     ),
     (
+        "judgeOnly rule",
+        _set("spec.reward.functions.0.judgeOnly", True),
+        "spec.reward.functions[0].judgeOnly: is only for disrm and genrm functions, not rule",
+    ),
+    (
+        "nothing but judges",
+        _set("spec.reward.functions", [GREEDY_JUDGE]),
+        "spec.reward.functions: every function is judgeOnly; at least one must score the samples",
+    ),
+    (
+        "negative judge temperature",
+        _set("spec.reward.functions", [JUDGED_RULE, _judge(-0.5)]),
+        "spec.reward.functions[1].genrm.sampling.temperature: Input should be greater than or equal to 0",
+    ),
+    (
         "endpoint without port",
         _set("spec.reward.functions", REMOTE_BAD_ENDPOINT),
         "spec.reward.functions[0].remote.endpoints[0]: 'nohost' is not host:port",
@@ -180,6 +207,52 @@ def test_bad_spec_is_refused_naming_field_and_rule(example_doc, case, mutate, ex
     with pytest.raises(RLJobInvalid) as info:
         parse_rljob(doc)
     assert [str(e) for e in info.value.errors] == [expected]
+
+
+def test_a_genrm_judge_may_decode_greedily_but_rollout_may_not(example_doc):
+    doc = copy.deepcopy(example_doc)
+    doc["spec"]["reward"]["functions"] = [JUDGED_RULE, GREEDY_JUDGE]
+    judge = parse_rljob(doc).spec.reward.functions[1].genrm
+    assert judge is not None and judge.sampling.temperature == 0
+    doc["spec"]["rollout"]["sampling"] = {"temperature": 0}
+    with pytest.raises(RLJobInvalid) as info:
+        parse_rljob(doc)
+    assert [str(e) for e in info.value.errors] == ["spec.rollout.sampling.temperature: Input should be greater than 0"]
+
+
+def test_crd_lets_only_a_judge_decode_greedily():
+    spec = openapi_schema()["properties"]["spec"]["properties"]
+    rollout = spec["rollout"]["properties"]["sampling"]["properties"]["temperature"]
+    assert (rollout["minimum"], rollout.get("exclusiveMinimum")) == (0, True), "rollout must sample"
+    function = spec["reward"]["properties"]["functions"]["items"]
+    judge = function["properties"]["genrm"]["properties"]["sampling"]["properties"]["temperature"]
+    assert (judge["minimum"], judge.get("exclusiveMinimum")) == (0, None), "a judge may decode greedily"
+
+
+def test_judge_only_defaults_to_false_and_is_parsed(example_doc):
+    doc = copy.deepcopy(example_doc)
+    assert not parse_rljob(doc).spec.reward.functions[0].judge_only
+    doc["spec"]["reward"]["functions"] = [JUDGED_RULE, GREEDY_JUDGE]
+    assert [f.judge_only for f in parse_rljob(doc).spec.reward.functions] == [False, True]
+
+
+def test_crd_states_the_judge_only_rules():
+    reward = openapi_schema()["properties"]["spec"]["properties"]["reward"]
+    function = reward["properties"]["functions"]["items"]
+    assert function["properties"]["judgeOnly"] == {
+        "default": False,
+        "description": RewardFunction.model_fields["judge_only"].description,
+        "type": "boolean",
+    }
+    assert {"rule": "!self.judgeOnly || self.kind in ['disrm', 'genrm']"}.items() <= (
+        function["x-kubernetes-validations"][-1].items()
+    )
+    assert reward["x-kubernetes-validations"] == [
+        {
+            "rule": "self.functions.exists(f, !f.judgeOnly)",
+            "message": "every function is judgeOnly; at least one must score the samples",
+        }
+    ]
 
 
 def test_several_errors_are_all_reported(example_doc):

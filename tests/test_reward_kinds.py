@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import math
 import socket
 import time
 import urllib.request
@@ -18,16 +19,16 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification, PreTrainedTokenizerFast
 
-from rljob.v1 import reward_service_pb2_grpc, sample_pb2
+from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_api.reward import RewardFunction
 from rljob_api.workercfg import RewardWorkerConfig
-from rljob_workers.grpc_server import RunningServer
+from rljob_workers.grpc_server import RunningServer, Service, start_server
 from rljob_workers.reward import RewardConfigError, RewardFunctionSet, serve_reward
 from rljob_workers.reward.breaker import Balancer, CircuitBreaker
 from rljob_workers.reward.disrm import DisRMScorer
-from rljob_workers.reward.genrm import fill_template, parse_score
+from rljob_workers.reward.genrm import GenRMScorer, fill_template, parse_score
 from rljob_workers.reward.remote import RemoteScorer
-from rljob_workers.reward.server import RewardServicer, start_reward_server
+from rljob_workers.reward.server import SERVICE_NAME, RewardServicer, start_reward_server
 
 INVALID = sample_pb2.ERROR_CLASS_INVALID
 FUNCTION = sample_pb2.ERROR_CLASS_FUNCTION
@@ -43,8 +44,9 @@ def run(coro: Awaitable[T], timeout: float = 60) -> T:
     return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]
 
 
-def fn(name: str, kind: str, weight: float = 1.0, **config: Any) -> RewardFunction:
-    return RewardFunction.model_validate({"name": name, "kind": kind, "weight": weight, kind: config})
+def fn(name: str, kind: str, weight: float = 1.0, *, judge_only: bool = False, **config: Any) -> RewardFunction:
+    spec = {"name": name, "kind": kind, "weight": weight, "judgeOnly": judge_only, kind: config}
+    return RewardFunction.model_validate(spec)
 
 
 def sample(sid: str, completion: str = "42", prompt: str = "6*7=", **fields: str) -> sample_pb2.RewardSample:
@@ -73,6 +75,33 @@ async def rule_server(ref: str = "reward_fns:exact", port: int = 0) -> tuple[Run
     return await start_reward_server(functions, name="exact", max_in_flight=64, port=port)
 
 
+class RangedServicer(RewardServicer):
+    """rljob's RewardService whose Info declares `score_range` (None: Info answers UNIMPLEMENTED)."""
+
+    def __init__(self, functions: RewardFunctionSet, score_range: tuple[float, float] | None) -> None:
+        super().__init__(functions, name="len", max_in_flight=64)
+        self.score_range = score_range
+        self.info_calls = 0
+
+    async def Info(
+        self, request: reward_service_pb2.InfoRequest, context: grpc.aio.ServicerContext
+    ) -> reward_service_pb2.InfoResponse:
+        self.info_calls += 1
+        if self.score_range is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "this service has no Info")
+        info = await super().Info(request, context)
+        info.min_score, info.max_score = self.score_range
+        return info
+
+
+async def ranged_server(score_range: tuple[float, float] | None, port: int = 0) -> tuple[RunningServer, RangedServicer]:
+    """A RewardService scoring len(completion), whose Info declares `score_range`."""
+    functions = RewardFunctionSet.from_spec([fn("len", "rule", function="reward_fns:length")], 10.0)
+    servicer = RangedServicer(functions, score_range)
+    service = Service(reward_service_pb2_grpc.add_RewardServiceServicer_to_server, servicer, SERVICE_NAME)
+    return await start_server([service], "127.0.0.1", port), servicer
+
+
 def scored_total(servicer: RewardServicer) -> float:
     return servicer.metrics.registry.get_sample_value("rljob_reward_scored_total") or 0.0
 
@@ -87,8 +116,12 @@ def char_tokenizer(path: Path) -> dict[str, int]:
     return vocab
 
 
-def scripted_judge(path: Path, script: dict[str, str], default: str = "</s>") -> Path:
-    """A Llama with no layers: logits depend on the last token only, so `script` (token -> next) is what it says."""
+def scripted_judge(path: Path, script: dict[str, str], default: str = "</s>", *, unsure_after: str = "") -> Path:
+    """A Llama with no layers: logits depend on the last token only, so `script` (token -> next) is what it says.
+
+    After `unsure_after` it hesitates: the scripted token leads every other by about 0.7 (of logit), so
+    it is the greedy choice but only about 4% of the samples at temperature 1.
+    """
     vocab = char_tokenizer(path)
     n = len(vocab)
     config = LlamaConfig(
@@ -101,7 +134,8 @@ def scripted_judge(path: Path, script: dict[str, str], default: str = "</s>") ->
         model.model.norm.weight.fill_(1.0)
         head = torch.zeros(n, n)
         for token, index in vocab.items():
-            head[vocab[script.get(token, default)], index] = 30.0
+            # Final-norm output of a one-hot embedding is sqrt(n) at its token: 0.1 is a lead of about 0.7.
+            head[vocab[script.get(token, default)], index] = 0.1 if token == unsure_after else 30.0
         model.lm_head.weight.copy_(head)
     model.save_pretrained(path)
     return path
@@ -260,6 +294,71 @@ def test_remote_spreads_concurrent_samples_over_endpoints() -> None:
         assert [scored_total(servicer) for _, servicer in servers] == [10, 10]
         for server, _ in servers:
             await server.stop(None)
+
+    run(go())
+
+
+def test_remote_refuses_a_score_outside_the_range_its_info_declares() -> None:
+    async def go() -> None:
+        port = free_port()
+        address = f"127.0.0.1:{port}"
+        server, servicer = await ranged_server((0.0, 3.0), port)
+        servers = [server]
+        remote = fn("len", "remote", endpoints=[address], failureThreshold=1, resetSeconds=0.5)
+        try:
+            async with function_set(remote) as fs:
+                inside = await asyncio.gather(*(fs.score(sample(f"p/{i}", "abc"[:i])) for i in range(4)))
+                assert [s.score for s in inside] == [0.0, 1.0, 2.0, 3.0], "both bounds are inside"
+                assert not any(s.HasField("error") for s in inside)
+                assert servicer.info_calls == 1, "concurrent first samples share one Info call"
+                over = await fs.score(sample("p/4", "12345"))
+                assert (over.error.error_class, over.error.function, dict(over.components)) == (FUNCTION, "len", {})
+                assert over.error.message == (
+                    f"remote reward 'len': endpoint {address}: sample 'p/4': score 5.0 is outside the range "
+                    "[0.0, 3.0] its Info declares"
+                )
+                assert servicer.info_calls == 1, "Info is asked once, not per sample"
+                await server.stop(None)
+                assert (await fs.score(sample("p/5"))).error.error_class == TRANSIENT
+                server, servicer = await ranged_server((0.0, 10.0), port)  # back, as a version with a wider range
+                servers.append(server)
+                await asyncio.sleep(0.55)  # resetSeconds: the next call is the breaker's trial
+                back = await fs.score(sample("p/6", "12345"))
+                assert back.score == 5.0 and not back.HasField("error"), back.error.message
+                assert servicer.info_calls == 1, "the endpoint that came back was asked its Info again"
+        finally:
+            for running in servers:
+                await running.stop(None)
+
+    run(go())
+
+
+@pytest.mark.parametrize(
+    ("score_range", "says"),
+    [
+        ((0.0, 0.0), ""),  # both bounds unset: no range declared
+        (None, ""),  # no Info at all (UNIMPLEMENTED)
+        ((-math.inf, math.inf), ""),
+        ((3.0, 1.0), "sample 'p/0' not sent: its Info declares the empty score range [3.0, 1.0]"),
+    ],
+    ids=["unset", "unimplemented", "unbounded", "empty"],
+)
+def test_remote_without_a_usable_info_range(score_range: tuple[float, float] | None, says: str) -> None:
+    async def go() -> None:
+        server, servicer = await ranged_server(score_range)
+        try:
+            async with function_set(fn("len", "remote", endpoints=[f"127.0.0.1:{server.port}"])) as fs:
+                results = [await fs.score(sample(f"p/{i}", "12345")) for i in range(2)]
+        finally:
+            await server.stop(None)
+        if not says:  # only finiteness is checked
+            assert [r.score for r in results] == [5.0, 5.0] and not any(r.HasField("error") for r in results)
+            assert servicer.info_calls == 1
+            return
+        assert [r.error.error_class for r in results] == [FUNCTION, FUNCTION] and not results[0].score
+        assert says in results[0].error.message and "remote reward 'len'" in results[0].error.message
+        assert servicer.info_calls == 2, "a bad Info is asked again: the endpoint may have been fixed"
+        assert scored_total(servicer) == 0, "no sample is sent to an endpoint whose range is empty"
 
     run(go())
 
@@ -533,6 +632,72 @@ def sync_judged(prompt: str, completion: str, judge: Any, **_: str) -> float:
 def test_judge_config_errors(ref: str, says: str) -> None:
     with pytest.raises(RewardConfigError, match=f"reward function 'r': {ref} {says}"):
         RewardFunctionSet.from_spec([fn("r", "rule", function=ref)], 1.0)
+
+
+def test_judge_only_model_serves_the_judge_and_scores_no_sample(rm_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    closed: list[str] = []
+
+    async def go() -> None:
+        functions = [
+            fn("rm-penalised", "rule", function="rljob_workers.reward.judge:length_penalised_rm"),
+            fn("rm", "disrm", 5.0, modelPath=str(rm_dir), maxWaitMs=1, judge_only=True),  # its weight is ignored
+        ]
+        async with function_set(*functions) as fs:
+            assert fs.names == ["rm-penalised"]
+            [scorer] = fs.scorers
+            assert isinstance(scorer, DisRMScorer) and fs.judge_only == [scorer]
+            samples = [sample(f"p/{i}", "x" * (i + 1)) for i in range(6)]
+            scores = [await fs.score(s) for s in samples]
+            assert [dict(s.components) for s in scores] == [{"rm-penalised": s.score} for s in scores]
+            expected = [scorer.forward([(s.prompt, s.completion)])[0] for s in samples]
+            assert [s.score for s in scores] == pytest.approx(expected, abs=1e-5), "the judge called the model"
+            assert sum(scorer.batch_sizes) == len(samples), "once per sample, by the judge only"
+            close = scorer.close
+
+            async def spy() -> None:
+                closed.append(scorer.name)
+                await close()
+
+            monkeypatch.setattr(scorer, "close", spy)
+
+    run(go())
+    assert closed == ["rm"], "closing the function set closes its judge-only models"
+
+
+@pytest.mark.parametrize(
+    ("functions", "says"),
+    [
+        (
+            [("exact", "rule", {"function": "reward_fns:exact"}), ("rm", "disrm", {"modelPath": "/nonexistent"})],
+            "reward function 'rm' is judgeOnly, but no rule function takes a judge to call it",
+        ),
+        ([("rm", "disrm", {"modelPath": "/nonexistent"})], "every reward function is judgeOnly (['rm'])"),
+    ],
+    ids=["no rule takes a judge", "nothing scores the samples"],
+)
+def test_judge_only_config_errors_name_the_function(functions: list[tuple[str, str, Any]], says: str) -> None:
+    """Refused before any model is loaded: the model path does not even exist."""
+    specs = [fn(name, kind, judge_only=kind == "disrm", **config) for name, kind, config in functions]
+    with pytest.raises(RewardConfigError) as info:
+        RewardFunctionSet.from_spec(specs, 1.0)
+    assert says in str(info.value)
+
+
+def test_genrm_at_temperature_0_decodes_greedily(tmp_path: Path) -> None:
+    unsure = scripted_judge(tmp_path / "unsure", {":": "7"}, unsure_after=":")  # "7" is likeliest, yet rarely drawn
+
+    async def go() -> None:
+        async with function_set(genrm("g", unsure, sampling={"temperature": 0, "maxNewTokens": 2})) as fs:
+            one_by_one = [await fs.score(sample(f"p/{i}", answer="42")) for i in range(4)]
+            batched = await asyncio.gather(*(fs.score(sample(f"q/{i}", answer="42")) for i in range(4)))
+            assert [dict(s.components) for s in [*one_by_one, *batched]] == [{"g": 7.0}] * 8
+        async with function_set(genrm("g", unsure, sampling={"temperature": 1, "maxNewTokens": 2})) as fs:
+            [scorer] = fs.scorers
+            assert isinstance(scorer, GenRMScorer)
+            answers = [await scorer.generate("score:", request_id=f"r{i}") for i in range(8)]
+            assert len(set(answers)) > 1, f"sampled, this judge's answers vary ({answers}): 7s above are no luck"
+
+    run(go())
 
 
 # -- the server's metrics ------------------------------------------------------------------------

@@ -12,7 +12,19 @@ from .placement import Placement
 Engine = Literal["hf", "vllm", "sglang"]
 
 
-class SamplingSpec(Model):
+class _Sampling(Model):
+    """Sampling parameters shared by rollout and generative judges."""
+
+    temperature: float = Field(
+        1.0, description="Softmax temperature; 0 decodes greedily (topP and topK then do nothing).", ge=0
+    )
+    top_p: float = Field(1.0, description="Nucleus sampling mass; 1 disables it.", gt=0, le=1)
+    top_k: int = Field(0, description="Top-k cutoff; 0 disables it.", ge=0)
+    max_new_tokens: int = Field(256, description="Most tokens generated per completion.", ge=1, le=131072)
+    stop: list[str] = Field(default_factory=list, description="Strings that end a completion.", max_length=16)
+
+
+class SamplingSpec(_Sampling):
     """How rollout samples completions."""
 
     temperature: float = Field(
@@ -20,10 +32,10 @@ class SamplingSpec(Model):
         description="Softmax temperature; must be positive, since a group of greedy samples carries no signal.",
         gt=0,
     )
-    top_p: float = Field(1.0, description="Nucleus sampling mass; 1 disables it.", gt=0, le=1)
-    top_k: int = Field(0, description="Top-k cutoff; 0 disables it.", ge=0)
-    max_new_tokens: int = Field(256, description="Most tokens generated per completion.", ge=1, le=131072)
-    stop: list[str] = Field(default_factory=list, description="Strings that end a completion.", max_length=16)
+
+
+class JudgeSamplingSpec(_Sampling):
+    """How a generative judge samples its answer; temperature 0, greedy decoding, is the usual choice."""
 
 
 class RolloutSpec(Placement):

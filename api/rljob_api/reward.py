@@ -9,9 +9,10 @@ from pydantic import Field, field_validator, model_validator
 
 from .base import FieldRuleError, Model, cel, cel_rules
 from .placement import Placement
-from .pools import Engine, SamplingSpec
+from .pools import Engine, JudgeSamplingSpec
 
 RewardKind = Literal["rule", "remote", "disrm", "genrm"]
+MODEL_KINDS = ("disrm", "genrm")  # the kinds a rule's `judge` can call
 RewardDispatch = Literal["sample", "group", "batch"]
 FUNCTION_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -24,8 +25,9 @@ class RuleReward(Model):
     may be async. An async function that declares a ``judge`` parameter also gets ``judge``,
     a client of the replica's disrm/genrm functions: ``await judge.generate(text)``,
     ``await judge.grade(prompt, completion, **fields)``, ``await judge.score(prompt, completion)``;
-    ``model=<function name>`` picks one when there are several. One that declares a ``sample``
-    parameter also gets the whole RewardSample (sample id, token ids, policy version).
+    ``model=<function name>`` picks one when there are several. A model function that exists only
+    for such calls is marked ``judgeOnly``: it is not scored on every sample. One that declares a
+    ``sample`` parameter also gets the whole RewardSample (sample id, token ids, policy version).
     """
 
     function: str = Field(description="`module.path:function` of the reward function.", max_length=512)
@@ -100,7 +102,9 @@ class GenRMReward(Model):
     score_pattern: str | None = Field(
         None, description="With scoreParser regex: its first group is the score.", max_length=1024
     )
-    sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Judge sampling.")
+    sampling: JudgeSamplingSpec = Field(
+        default_factory=JudgeSamplingSpec, description="Judge sampling; temperature 0 decodes greedily."
+    )
 
     @model_validator(mode="after")
     def _pattern_for_regex(self) -> GenRMReward:
@@ -118,7 +122,14 @@ class RewardFunction(Model):
         max_length=63,
     )
     kind: RewardKind = Field(description="rule, remote, disrm or genrm; the field of that name configures it.")
-    weight: float = Field(1.0, description="Weight of this function in the sum.")
+    weight: float = Field(1.0, description="Weight of this function in the sum (ignored when judgeOnly).")
+    judge_only: bool = Field(
+        False,
+        description=(
+            "disrm/genrm only: serve `judge` calls of rule functions but do not score every sample "
+            "(no component, no part of the sum, so its weight is ignored)."
+        ),
+    )
     rule: RuleReward | None = Field(None, description="Configuration when kind is rule.")
     remote: RemoteReward | None = Field(None, description="Configuration when kind is remote.")
     disrm: DisRMReward | None = Field(None, description="Configuration when kind is disrm.")
@@ -131,6 +142,8 @@ class RewardFunction(Model):
                 raise FieldRuleError(kind, f"is required when kind is {kind}")
             if kind != self.kind and getattr(self, kind) is not None:
                 raise FieldRuleError(kind, f"is set but kind is {self.kind}")
+        if self.judge_only and self.kind not in MODEL_KINDS:
+            raise FieldRuleError("judgeOnly", f"is only for disrm and genrm functions, not {self.kind}")
         return self
 
     model_config = {
@@ -141,7 +154,11 @@ class RewardFunction(Model):
                     f"{k} must be set exactly when kind is {k}",
                 )
                 for k in ("rule", "remote", "disrm", "genrm")
-            )
+            ),
+            cel(
+                "!self.judgeOnly || self.kind in ['disrm', 'genrm']",
+                "judgeOnly is only for disrm and genrm functions",
+            ),
         )
     }
 
@@ -216,4 +233,15 @@ class RewardSpec(Placement):
             if function.name in seen:
                 raise FieldRuleError(f"[{i}].name", f"duplicate reward function name {function.name!r}")
             seen.add(function.name)
+        if all(function.judge_only for function in value):
+            raise FieldRuleError("", "every function is judgeOnly; at least one must score the samples")
         return value
+
+    model_config = {
+        "json_schema_extra": cel_rules(
+            cel(
+                "self.functions.exists(f, !f.judgeOnly)",
+                "every function is judgeOnly; at least one must score the samples",
+            )
+        )
+    }

@@ -10,7 +10,8 @@ Four kinds (built by `kinds.build_functions` from the job's spec):
   ``await judge.score(prompt, completion)``), so LLM-as-a-judge and hybrid rule-plus-model
   rewards are one function (example: `reward/judge.py`). One that declares a ``sample``
   parameter also gets ``sample=``, the whole `RewardSample` (sample id, token ids, the policy
-  version that generated it);
+  version that generated it). A disrm/genrm function marked ``judgeOnly`` serves only rules'
+  judges: it has no component and no part in the sum;
 - ``remote``: external RewardService endpoints (`remote.RemoteScorer`);
 - ``disrm``: a sequence-classification reward model with dynamic batching (`disrm.DisRMScorer`);
 - ``genrm``: a generative judge on a rollout engine (`genrm.GenRMScorer`).
@@ -134,7 +135,10 @@ def _check_value(value: object, name: str, sample_id: str) -> _Outcome:
 
 
 class RewardFunctionSet:
-    """The job's reward functions: each sample's score is their weighted sum, with per-function components."""
+    """The job's reward functions: each sample's score is their weighted sum, with per-function components.
+
+    `judge_only` are the models only rules' judges call: not scored per sample, but closed with the set.
+    """
 
     def __init__(
         self,
@@ -143,6 +147,7 @@ class RewardFunctionSet:
         *,
         max_workers: int = DEFAULT_MAX_WORKERS,
         metrics: RewardMetrics | None = None,
+        judge_only: Sequence[SampleScorer] = (),
     ) -> None:
         if not functions:
             raise RewardConfigError("a reward function set needs at least one function")
@@ -152,6 +157,7 @@ class RewardFunctionSet:
         if timeout_seconds <= 0:
             raise RewardConfigError(f"timeout_seconds must be positive, got {timeout_seconds}")
         self.functions = list(functions)
+        self.judge_only = list(judge_only)
         self.timeout_seconds = timeout_seconds
         self.metrics = metrics if metrics is not None else RewardMetrics()
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="reward-fn")
@@ -168,12 +174,13 @@ class RewardFunctionSet:
         """Build the job's functions of every kind (blocking: loads models); errors name the function."""
         from .kinds import build_functions
 
-        return cls(build_functions(functions, timeout_seconds, gpus=gpus), timeout_seconds, max_workers=max_workers)
+        built = build_functions(functions, timeout_seconds, gpus=gpus)
+        return cls(built.functions, timeout_seconds, max_workers=max_workers, judge_only=built.judge_only)
 
     @property
     def scorers(self) -> list[SampleScorer]:
-        """The non-rule kinds' scorers (remote endpoints, models)."""
-        return [f.fn for f in self.functions if isinstance(f.fn, SampleScorer)]
+        """The non-rule kinds' scorers (remote endpoints, models), the judge-only models last."""
+        return [*(f.fn for f in self.functions if isinstance(f.fn, SampleScorer)), *self.judge_only]
 
     @property
     def names(self) -> list[str]:

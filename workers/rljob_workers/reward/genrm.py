@@ -9,6 +9,10 @@ judge's chat format into the template). Parsers:
 - ``yes-no``: the first word ``yes`` (1.0) or ``no`` (0.0), any case;
 - ``regex``: ``scorePattern``'s first group (the whole match if it has none) read as a number.
 
+Sampling is the function's ``sampling``. Temperature 0, the usual choice for a judge, decodes
+greedily on every engine (the hf engine turns sampling off, vllm and sglang read temperature 0 as
+greedy), so the judgement does not depend on a random draw; rollout alone must sample.
+
 An answer that does not parse is a FUNCTION error naming the sample and quoting the judge's
 answer, never a score of 0. Batching is the engine's: the hf engine batches concurrent requests
 with equal sampling parameters, vllm and sglang batch continuously.
@@ -70,6 +74,7 @@ def parse_score(parser: Parser, text: str, pattern: re.Pattern[str] | None = Non
 
 
 def sampling_config(config: GenRMReward) -> SamplingConfig:
+    """The engine's sampling parameters of a judge; temperature 0 is greedy (`SamplingConfig.greedy`)."""
     s = config.sampling
     return SamplingConfig(
         temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens, stop=tuple(s.stop)

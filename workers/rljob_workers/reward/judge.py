@@ -6,10 +6,14 @@ Use one in an RLJob next to the model it calls, e.g.::
       - name: answer
         kind: rule
         rule: {function: rljob_workers.reward.judge:exact_or_judged}
-      - name: judge-model          # weight 0: used through the judge, kept out of the sum
+      - name: judge-model          # used through the judge only: not scored on every sample
         kind: genrm
-        weight: 0
-        genrm: {modelPath: /models/judge, promptTemplate: "...", scoreParser: yes-no}
+        judgeOnly: true
+        genrm:
+          modelPath: /models/judge
+          promptTemplate: "..."
+          scoreParser: yes-no
+          sampling: {temperature: 0, maxNewTokens: 4}   # greedy: the same answer every time
 """
 
 from __future__ import annotations

@@ -1,19 +1,22 @@
 """Build a replica's reward functions from the job's `RewardFunction` list, whatever their kind.
 
-Models (disrm, genrm) are loaded first, so that rule functions that take a `judge` get a client
-of them (`modelpool.Judge`). Every error names the function; modules of a kind are imported only
-when the job uses that kind (a rule-only replica never imports torch).
+Rule functions are loaded and checked first (no model load is wasted on a mistake in them), then
+the models (disrm, genrm), so that rule functions that take a `judge` get a client of them
+(`modelpool.Judge`). A `judgeOnly` model serves only that judge: it is not scored on every
+sample. Every error names the function; modules of a kind are imported only when the job uses
+that kind (a rule-only replica never imports torch).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
 
-from rljob_api.reward import RewardFunction
+from rljob_api.reward import MODEL_KINDS, RewardFunction
 
 from .base import RewardConfigError, SampleScorer
-from .functions import WeightedFunction, load_function
+from .functions import RewardCallable, WeightedFunction, is_async, load_function
 from .modelpool import Judge, declares, takes_judge
 
 if TYPE_CHECKING:
@@ -50,25 +53,44 @@ def build_scorer(spec: RewardFunction, timeout_seconds: float, gpus: int) -> Sam
     raise RewardConfigError(f"reward function {spec.name!r}: kind {spec.kind!r} has no {spec.kind} configuration")
 
 
-def _rule(spec: RewardFunction, judge: Judge | None) -> WeightedFunction:
+@dataclass(frozen=True)
+class _Rule:
+    """A rule's loaded callable and the arguments it declares."""
+
+    fn: RewardCallable
+    takes_judge: bool
+    takes_sample: bool
+
+
+def _load_rule(spec: RewardFunction, has_models: bool) -> _Rule:
     assert spec.rule is not None
     fn = load_function(spec.name, spec.rule.function)
-    takes_sample = declares(fn, "sample")
-    if not takes_judge(fn):
-        return WeightedFunction(spec.name, fn, spec.weight, takes_sample=takes_sample)
-    from .functions import is_async
-
-    if not is_async(fn):
+    rule = _Rule(fn, takes_judge(fn), declares(fn, "sample"))
+    if rule.takes_judge and not is_async(fn):
         raise RewardConfigError(
             f"reward function {spec.name!r}: {spec.rule.function} takes a judge, so it must be async "
             "(judge calls are awaited)"
         )
-    if judge is None:
+    if rule.takes_judge and not has_models:
         raise RewardConfigError(
             f"reward function {spec.name!r}: {spec.rule.function} takes a judge, but the job has no "
             "disrm or genrm function for it to use"
         )
-    return WeightedFunction(spec.name, fn, spec.weight, judge=judge, takes_sample=takes_sample)
+    return rule
+
+
+def _check_judge_only(specs: Sequence[RewardFunction], rules: dict[str, _Rule]) -> None:
+    """Some function scores the samples, and a judge-only model has a rule whose judge can call it."""
+    judge_only = [s.name for s in specs if s.judge_only]
+    if judge_only and len(judge_only) == len(specs):
+        raise RewardConfigError(
+            f"every reward function is judgeOnly ({judge_only}); at least one must score the samples"
+        )
+    if judge_only and not any(rule.takes_judge for rule in rules.values()):
+        raise RewardConfigError(
+            f"reward function {judge_only[0]!r} is judgeOnly, but no rule function takes a judge to call it "
+            "(give a rule a `judge` parameter, or drop judgeOnly to score every sample with it)"
+        )
 
 
 def _build(spec: RewardFunction, timeout_seconds: float, gpus: int) -> SampleScorer:
@@ -80,18 +102,34 @@ def _build(spec: RewardFunction, timeout_seconds: float, gpus: int) -> SampleSco
         raise RewardConfigError(f"reward function {spec.name!r} ({spec.kind}): {type(exc).__name__}: {exc}") from exc
 
 
-def build_functions(
-    specs: Sequence[RewardFunction], timeout_seconds: float, *, gpus: int = 0
-) -> list[WeightedFunction]:
-    """The job's functions in job order; rule functions that take `judge` get one over the model kinds."""
+class BuiltFunctions(NamedTuple):
+    """What a replica runs: the functions scored on every sample, and the judge-only models."""
+
+    functions: list[WeightedFunction]
+    judge_only: list[SampleScorer]  # called only by rules' judges; still the replica's to close
+
+
+def build_functions(specs: Sequence[RewardFunction], timeout_seconds: float, *, gpus: int = 0) -> BuiltFunctions:
+    """The job's functions in job order; rule functions that take `judge` get one over the model kinds.
+
+    Rules are loaded and checked before any model is, so that a mistake in them costs no model load.
+    A judge-only model is in the judge but not scored on every sample.
+    """
+    has_models = any(s.kind in MODEL_KINDS for s in specs)
+    rules = {s.name: _load_rule(s, has_models) for s in specs if s.kind == "rule"}
+    _check_judge_only(specs, rules)
     scorers = {s.name: _build(s, timeout_seconds, gpus) for s in specs if s.kind != "rule"}
     disrm: dict[str, DisRMScorer] = {n: f for n, f in scorers.items() if f.kind == "disrm"}  # type: ignore[misc]
     genrm: dict[str, GenRMScorer] = {n: f for n, f in scorers.items() if f.kind == "genrm"}  # type: ignore[misc]
     judge = Judge(disrm, genrm) if disrm or genrm else None
-    built = []
+    functions = []
     for spec in specs:
         if spec.kind == "rule":
-            built.append(_rule(spec, judge))
-        else:
-            built.append(WeightedFunction(spec.name, scorers[spec.name], spec.weight, kind=spec.kind))
-    return built
+            rule = rules[spec.name]
+            uses = judge if rule.takes_judge else None
+            functions.append(
+                WeightedFunction(spec.name, rule.fn, spec.weight, judge=uses, takes_sample=rule.takes_sample)
+            )
+        elif not spec.judge_only:
+            functions.append(WeightedFunction(spec.name, scorers[spec.name], spec.weight, kind=spec.kind))
+    return BuiltFunctions(functions, [scorers[s.name] for s in specs if s.judge_only])

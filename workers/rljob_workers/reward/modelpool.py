@@ -20,7 +20,8 @@ and a reward model's score combine in one function::
 exactly one model of the kind. A function that takes ``judge`` must be async (judge calls are
 awaited), and the job must have a disrm or genrm function; both are checked when the replica
 starts. The judge uses the models of the replica the rule runs in. Those are reward functions of
-the job too, scored on every sample: weight 0 keeps one out of the sum, not out of the work.
+the job too, scored on every sample unless marked ``judgeOnly`` (weight 0 keeps one out of the
+sum, not out of the work); a ``judgeOnly`` model with no rule taking ``judge`` is refused at start.
 """
 
 from __future__ import annotations

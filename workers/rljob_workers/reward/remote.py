@@ -17,6 +17,13 @@ stream would fail every sample in flight on it at once; a failed call fails one 
   takes no calls; when every breaker is open the sample fails at once with a TRANSIENT error naming
   the endpoints and when each will be tried again.
 - Balancing: least outstanding calls over endpoints whose breaker is not open, ties round-robin.
+- Score range: before an endpoint's first sample its ``Info`` is asked (one call, shared by the
+  samples that wait for it), and asked again after a call to it failed with a retried status code,
+  since it may come back as another version. A finite score outside Info's
+  ``[min_score, max_score]`` is a FUNCTION error (not retried) naming the sample, the function, the
+  endpoint and the range: never clipped. Both bounds 0 (proto3's unset) declare no range, and so
+  does an endpoint without Info (UNIMPLEMENTED, logged): only finiteness is checked then. An Info
+  whose min_score is above its max_score fails the samples sent to that endpoint (FUNCTION).
 - TLS: ``tls: true`` verifies the endpoint against ``caFile`` (or the system roots without one).
 - Token: sent as ``authorization: Bearer <token>`` metadata, read from a file, never from the
   RLJob; the file is read again when it changes (rotated Secrets). ``tokenFile`` is used as given;
@@ -28,6 +35,9 @@ stream would fail every sample in flight on it at once; a failed call fails one 
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
+import math
 import os
 import random
 import time
@@ -42,6 +52,8 @@ from rljob_api.reward import RemoteReward
 from ..grpc_server import CLIENT_OPTIONS
 from .base import FUNCTION, INVALID, TRANSIENT, RewardConfigError, ScoreFailure
 from .breaker import Balancer, CircuitBreaker
+
+log = logging.getLogger(__name__)
 
 SECRETS_DIR_ENV = "RLJOB_SECRETS_DIR"
 DEFAULT_SECRETS_DIR = "/var/run/secrets/rljob"
@@ -84,6 +96,24 @@ class _TokenFile:
         return self._token
 
 
+ScoreRange = tuple[float, float]
+UNBOUNDED: ScoreRange = (-math.inf, math.inf)
+
+
+class _BadInfo(Exception):
+    """An endpoint's Info declares a range no score can be in."""
+
+
+def declared_range(info: reward_service_pb2.InfoResponse) -> ScoreRange:
+    """The [min, max] an endpoint's Info declares; unbounded when both are 0 (proto3's unset)."""
+    low, high = info.min_score, info.max_score
+    if low == 0.0 and high == 0.0:
+        return UNBOUNDED
+    if math.isnan(low) or math.isnan(high) or low > high:
+        raise _BadInfo(f"its Info declares the empty score range [{low!r}, {high!r}]")
+    return low, high
+
+
 @dataclass
 class _Endpoint:
     address: str
@@ -91,6 +121,8 @@ class _Endpoint:
     outstanding: int = 0
     stub: reward_service_pb2_grpc.RewardServiceStub | None = field(default=None, repr=False)
     channel: grpc.aio.Channel | None = field(default=None, repr=False)
+    # Its declared score range: fetched, or being fetched, by the sample that first needed it.
+    info: asyncio.Task[ScoreRange] | None = field(default=None, repr=False)
 
 
 class RemoteScorer:
@@ -145,42 +177,96 @@ class RemoteScorer:
         )
 
     async def _call(self, endpoint: _Endpoint, sample: sample_pb2.RewardSample, timeout: float) -> float:
+        deadline, sid = time.monotonic() + timeout, sample.sample_id
         stub = self._stub(endpoint)
         request = reward_service_pb2.ScoreBatchRequest(samples=[sample])
         # A half-open trial waits for the connection (within the deadline) instead of failing on a
         # channel still backing off from the failures that opened the breaker.
         trial = endpoint.breaker.trial_in_flight
         endpoint.outstanding += 1
+        rpc = "Info"
         try:
-            reply = await stub.ScoreBatch(request, timeout=timeout, metadata=self._metadata(), wait_for_ready=trial)
+            metadata = self._metadata()
+            bounds = await self._declared_range(endpoint, metadata, deadline, trial)
+            rpc = "ScoreBatch"
+            remaining = deadline - time.monotonic()
+            reply = await stub.ScoreBatch(request, timeout=remaining, metadata=metadata, wait_for_ready=trial)
         except grpc.aio.AioRpcError as exc:
-            return self._failed_call(endpoint, exc, sample.sample_id)
-        except asyncio.CancelledError:
+            return self._failed_call(endpoint, exc, sid, rpc)
+        except (asyncio.CancelledError, ScoreFailure):
             endpoint.breaker.release()
             raise
+        except asyncio.TimeoutError:  # another sample's Info call outlived this sample's deadline
+            endpoint.breaker.release()
+            raise _Retry(f"endpoint {endpoint.address}: Info not answered within the deadline") from None
+        except _BadInfo as exc:
+            endpoint.breaker.record_success()  # it answered: the endpoint is up, its Info is wrong
+            raise ScoreFailure(
+                FUNCTION, f"{self._who()}: endpoint {endpoint.address}: sample {sid!r} not sent: {exc}"
+            ) from None
         finally:
             endpoint.outstanding -= 1
         endpoint.breaker.record_success()
-        return self._answer(endpoint, reply, sample.sample_id)
+        return self._answer(endpoint, reply, sid, bounds)
 
-    def _failed_call(self, endpoint: _Endpoint, exc: grpc.aio.AioRpcError, sid: str) -> float:
+    async def _declared_range(
+        self, endpoint: _Endpoint, metadata: tuple[tuple[str, str], ...], deadline: float, trial: bool
+    ) -> ScoreRange:
+        """The score range of the endpoint's Info: one call, shared by the samples that wait for it."""
+        if endpoint.info is None:
+            endpoint.info = asyncio.create_task(self._fetch_range(endpoint, metadata, deadline, trial))
+            endpoint.info.add_done_callback(functools.partial(_forget_failed_info, endpoint))
+        if endpoint.info.done():
+            return endpoint.info.result()
+        # Shielded: a waiter that gives up (its deadline, a cancel) leaves the call to the others.
+        return await asyncio.wait_for(asyncio.shield(endpoint.info), max(0.0, deadline - time.monotonic()))
+
+    async def _fetch_range(
+        self, endpoint: _Endpoint, metadata: tuple[tuple[str, str], ...], deadline: float, trial: bool
+    ) -> ScoreRange:
+        assert endpoint.stub is not None
+        timeout = max(0.0, deadline - time.monotonic())
+        request = reward_service_pb2.InfoRequest()
+        try:
+            info = await endpoint.stub.Info(request, timeout=timeout, metadata=metadata, wait_for_ready=trial)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            log.warning("%s: endpoint %s has no Info: its scores are not range-checked", self._who(), endpoint.address)
+            return UNBOUNDED
+        return declared_range(info)
+
+    def _failed_call(self, endpoint: _Endpoint, exc: grpc.aio.AioRpcError, sid: str, rpc: str) -> float:
         code, where = exc.code(), f"endpoint {endpoint.address}"
         detail = f"{code.name}: {exc.details()}"
+        if rpc != "ScoreBatch":
+            detail = f"{rpc} {detail}"
         if code in RETRIED_CODES:
             endpoint.breaker.record_failure()
+            if endpoint.info is not None and endpoint.info.done():
+                endpoint.info = None  # it may come back as another version: ask its Info again
             raise _Retry(f"{where}: {detail}")
         endpoint.breaker.record_success()  # it answered: the endpoint is up, the call is wrong
         error_class = INVALID if code == grpc.StatusCode.INVALID_ARGUMENT else FUNCTION
         hint = " (check tokenSecret/tokenFile)" if code == grpc.StatusCode.UNAUTHENTICATED else ""
         raise ScoreFailure(error_class, f"{self._who()}: {where} refused sample {sid!r}: {detail}{hint}")
 
-    def _answer(self, endpoint: _Endpoint, reply: reward_service_pb2.ScoreBatchResponse, sid: str) -> float:
+    def _answer(
+        self, endpoint: _Endpoint, reply: reward_service_pb2.ScoreBatchResponse, sid: str, bounds: ScoreRange
+    ) -> float:
         where = f"{self._who()}: endpoint {endpoint.address}"
         ids = [s.sample_id for s in reply.scores]
         if ids != [sid]:
             raise ScoreFailure(FUNCTION, f"{where} answered {ids} for sample {sid!r}, not exactly that sample")
         score = reply.scores[0]
         if not score.HasField("error"):
+            low, high = bounds
+            if math.isfinite(score.score) and not low <= score.score <= high:  # non-finite: the caller's check
+                raise ScoreFailure(
+                    FUNCTION,
+                    f"{where}: sample {sid!r}: score {score.score!r} is outside the range "
+                    f"[{low!r}, {high!r}] its Info declares",
+                )
             return score.score
         error = score.error
         message = f"{where}: sample {sid!r}: {error.message or 'no message'}"
@@ -237,9 +323,18 @@ class RemoteScorer:
 
     async def close(self) -> None:
         for endpoint in self.endpoints:
+            if endpoint.info is not None:
+                endpoint.info.cancel()
+                endpoint.info = None
             if endpoint.channel is not None:
                 await endpoint.channel.close(None)
             endpoint.channel = endpoint.stub = None
+
+
+def _forget_failed_info(endpoint: _Endpoint, task: asyncio.Task[ScoreRange]) -> None:
+    """A failed Info call is asked again by the next sample (and its error counts as retrieved)."""
+    if (task.cancelled() or task.exception() is not None) and endpoint.info is task:
+        endpoint.info = None
 
 
 def _credentials(name: str, config: RemoteReward) -> grpc.ChannelCredentials | None:
