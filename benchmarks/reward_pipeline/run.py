@@ -31,8 +31,10 @@ import asyncio
 import copy
 import json
 import logging
+import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -167,7 +169,7 @@ def measure(config: str, probe: Probe, reports: list[StepReport], warmup: int) -
         replica_seconds=last.replica_seconds - first.replica_seconds,
         max_replicas=max(probe.replicas_seen),
         discarded_stale=last.discarded_stale - first.discarded_stale,
-        reward_last5=sum(r.reward_mean for r in reports[-5:]) / len(reports[-5:]),
+        reward_last5=statistics.fmean(r.reward_mean for r in reports[-5:]) if reports else math.nan,
     )
 
 
@@ -180,8 +182,8 @@ def job_doc(config: Config, args: argparse.Namespace, work: Path) -> dict[str, A
     doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
     doc["metadata"]["name"] = f"bench-{config.name}"
     spec = doc["spec"]
-    spec["model"]["path"] = str(MODEL)
-    spec["data"]["path"] = str(DATA)
+    spec["model"]["path"] = str(args.model)
+    spec["data"]["path"] = str(args.data)
     spec["algorithm"].update(
         totalSteps=args.steps,
         maxStaleness=config.max_staleness,
@@ -305,15 +307,16 @@ def _without(argv: list[str], *options: str) -> list[str]:
     return out
 
 
-def ensure_assets() -> None:
-    if MODEL.exists() and DATA.exists():
-        return
+def ensure_assets(model: Path, data: Path) -> None:
+    """The shipped example's model and data (what `make model` builds), unless given."""
     from rljob_workers.models.tiny import make_tiny_model
     from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
-    print("building the tiny model and data (make model) ...", flush=True)
-    make_tiny_model(MODEL)
-    write_jsonl(DATA, make_problems(4096, seed=10_000))
+    if not model.exists():
+        print(f"building the tiny model at {model} ...", flush=True)
+        make_tiny_model(model)
+    if not data.exists():
+        write_jsonl(data, make_problems(4096, seed=10_000))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -340,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-fill", type=float, default=0.75, help="elastic target backlog ÷ maxInFlight")
     parser.add_argument("--scale-interval", type=float, default=0.5)
     parser.add_argument("--cooldown", type=float, default=3.0)
+    parser.add_argument("--model", type=Path, default=MODEL, help="model directory (built if missing)")
+    parser.add_argument("--data", type=Path, default=DATA, help="prompts, JSON lines (written if missing)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--one", type=Path, default=None, help=argparse.SUPPRESS)  # internal: run one config
     args = parser.parse_args(argv)
@@ -350,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     if not 1 <= args.warmup < args.steps:
         parser.error("--warmup must be at least 1 and less than --steps")
     logging.basicConfig(level=logging.WARNING)
-    ensure_assets()
+    ensure_assets(args.model, args.data)
     low, high = (x / 1000 for x in args.latency_ms)
     slow_from, slow_until = (round(f * args.steps) for f in args.slow_stretch)
     os.environ["RLJOB_BENCH_LATENCY"] = f"{low},{high}"

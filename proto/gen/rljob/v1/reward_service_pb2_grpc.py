@@ -37,7 +37,7 @@ class RewardServiceStub:
     INVALID error for that sample, or INVALID_ARGUMENT for the whole call of ScoreBatch;
     - more samples in flight than Info's max_in_flight may be refused with
     RESOURCE_EXHAUSTED naming the sample;
-    - scores must be finite and inside Info's [min_score, max_score].
+    - scores must be finite and inside Info's [min_score, max_score] (both 0: no range).
     """
 
     def __init__(self, channel):
@@ -75,7 +75,7 @@ class RewardServiceServicer:
     INVALID error for that sample, or INVALID_ARGUMENT for the whole call of ScoreBatch;
     - more samples in flight than Info's max_in_flight may be refused with
     RESOURCE_EXHAUSTED naming the sample;
-    - scores must be finite and inside Info's [min_score, max_score].
+    - scores must be finite and inside Info's [min_score, max_score] (both 0: no range).
     """
 
     def Score(self, request_iterator, context):
@@ -137,7 +137,7 @@ class RewardService:
     INVALID error for that sample, or INVALID_ARGUMENT for the whole call of ScoreBatch;
     - more samples in flight than Info's max_in_flight may be refused with
     RESOURCE_EXHAUSTED naming the sample;
-    - scores must be finite and inside Info's [min_score, max_score].
+    - scores must be finite and inside Info's [min_score, max_score] (both 0: no range).
     """
 
     @staticmethod

@@ -1,0 +1,108 @@
+"""benchmarks/reward_pipeline: its arithmetic on made-up clocks, and one short real run of two configurations."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
+
+from conftest import REPO
+from tiny_models import char_llama
+
+BENCH = REPO / "benchmarks" / "reward_pipeline"
+
+
+def load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    return load("run")
+
+
+def probe_with(bench: ModuleType, busy_per_step: float, replicas: int) -> object:
+    probe = bench.Probe()
+    for step in range(1, 6):  # one step per second
+        probe.snapshots.append(
+            bench.Snapshot(
+                step=step,
+                at=float(step),
+                rollout_busy=0.5 * step,
+                trainer_busy=busy_per_step * step,
+                reward_service=2.0 * step,
+                replica_seconds=float(replicas * step),
+                scored=10 * step,
+                discarded_stale=0,
+            )
+        )
+    probe.replicas_seen = [replicas]
+    return probe
+
+
+def test_measure_takes_differences_after_the_warmup(bench: ModuleType) -> None:
+    m = bench.measure("async", probe_with(bench, 0.9, replicas=2), [], warmup=2)
+    assert m.steps == 3 and m.wall_per_step == pytest.approx(1.0)
+    assert m.trainer_idle == pytest.approx(0.1) and m.train_per_step == pytest.approx(0.9)
+    assert m.rollout_per_step == pytest.approx(0.5) and m.reward_work_per_step == pytest.approx(2.0)
+    assert m.replica_seconds == pytest.approx(6.0)
+    # Limit: the slowest stage; reward work 2 s per step over 4 slots is 0.5 s.
+    assert bench.limit_per_step(m, m, slots=4) == pytest.approx(0.9)
+    assert bench.limit_per_step(m, m, slots=1) == pytest.approx(2.0)
+
+
+def test_targets_are_reported_met_or_missed(bench: ModuleType) -> None:
+    sync = bench.measure("sync", probe_with(bench, 0.2, replicas=4), [], warmup=1)
+    fast = bench.measure("async", probe_with(bench, 0.97, replicas=4), [], warmup=1)
+    idle = bench.measure("async-elastic", probe_with(bench, 0.5, replicas=1), [], warmup=1)
+    args = bench.main.__globals__["argparse"].Namespace(replicas=4, in_flight=2)
+    text, derived = bench.table([sync, fast, idle], args)
+    assert "| (3) async streaming, fixed pool |" in text and "75% fewer replica-seconds" in text
+    checks = "\n".join(bench.targets([sync, fast, idle], derived))
+    assert "[met] async: trainer idle 3.0% (≤ 5%)" in checks
+    assert "[MISSED] async-elastic: trainer idle 50.0% (≤ 5%)" in checks
+    assert "[met] elastic: 75% fewer replica-seconds than the fixed pool (≥ 30%)" in checks
+
+
+def test_judge_latency_is_fixed_per_sample_and_slows_for_the_stretch(monkeypatch: pytest.MonkeyPatch) -> None:
+    judge = load("pipeline_judge")
+    monkeypatch.setenv("RLJOB_BENCH_LATENCY", "0.010,0.400")
+    monkeypatch.setenv("RLJOB_BENCH_SLOW", "5,10,3")
+    latencies = [judge.latency_seconds(f"e0-{i}/0", 0) for i in range(200)]
+    assert all(0.010 <= x <= 0.400 for x in latencies)
+    assert 0.15 < sum(latencies) / len(latencies) < 0.26  # uniform: mean 0.205
+    assert judge.latency_seconds("e0-1/0", 0) == latencies[1]
+    assert judge.latency_seconds("e0-1/0", 5) == pytest.approx(3 * latencies[1])
+    assert judge.latency_seconds("e0-1/0", 10) == latencies[1]
+
+
+@pytest.mark.ray
+def test_short_run_of_sync_and_elastic(bench: ModuleType, tmp_path: Path) -> None:
+    char_llama(tmp_path / "model", eos_bias=3.0)
+    write_jsonl(tmp_path / "train.jsonl", make_problems(64, seed=1))
+    out = tmp_path / "result.json"
+    argv = ["--configs", "sync,async-elastic", "--steps", "4", "--warmup", "1", "--prompts-per-step", "4"]
+    argv += ["--group-size", "4", "--replicas", "2", "--in-flight", "4", "--latency-ms", "5", "50"]
+    argv += ["--micro-batch", "16"]
+    argv += ["--model", str(tmp_path / "model"), "--data", str(tmp_path / "train.jsonl"), "--json", str(out)]
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())
+    by_config = {r["config"]: r for r in result["results"]}
+    assert set(by_config) == {"sync", "async-elastic"}
+    for r in by_config.values():
+        assert r["steps"] == 3 and r["wall_per_step"] > 0 and r["reward_work_per_step"] > 0
+        assert 0 <= r["trainer_idle"] < 1
+    # Sync trains on policy: every step waits for generation and reward, so the trainer idles.
+    assert by_config["sync"]["trainer_idle"] > 0.2
+    assert 1 <= by_config["async-elastic"]["max_replicas"] <= 2
