@@ -58,8 +58,8 @@ def test_measure_takes_differences_after_the_warmup(bench: ModuleType) -> None:
     assert m.rollout_per_step == pytest.approx(0.5) and m.reward_work_per_step == pytest.approx(2.0)
     assert m.replica_seconds == pytest.approx(6.0)
     # Limit: the slowest stage; reward work 2 s per step over 4 slots is 0.5 s.
-    assert bench.limit_per_step(m, m, slots=4) == pytest.approx(0.9)
-    assert bench.limit_per_step(m, m, slots=1) == pytest.approx(2.0)
+    assert bench.limit_per_step(m, slots=4) == pytest.approx(0.9)
+    assert bench.limit_per_step(m, slots=1) == pytest.approx(2.0)
 
 
 def test_targets_are_reported_met_or_missed(bench: ModuleType) -> None:

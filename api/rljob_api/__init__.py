@@ -3,7 +3,7 @@
 from .base import FieldRuleError, Model
 from .load import FieldError, RLJobInvalid, load_rljob, parse_rljob
 from .placement import Placement, Resources, Toleration, VolumeSource
-from .pools import RolloutSpec, SamplingSpec, TrainerSpec
+from .pools import JudgeSamplingSpec, RolloutSpec, SamplingSpec, TrainerSpec
 from .reward import (
     DisRMReward,
     GenRMReward,
@@ -48,6 +48,7 @@ __all__ = [
     "FieldError",
     "FieldRuleError",
     "GenRMReward",
+    "JudgeSamplingSpec",
     "Model",
     "ModelSpec",
     "ObjectMeta",
