@@ -292,6 +292,24 @@ def test_killed_replica_loses_no_score() -> None:
     run(go())
 
 
+def test_router_refuses_an_oversized_sample_naming_it_and_keeps_the_stream() -> None:
+    async def go() -> None:
+        [server] = await slow_replicas(1)
+        router = RewardRouter(max_sample_bytes=4096)
+        await router.add_replica("r0", f"127.0.0.1:{server.port}")
+        normal = asyncio.create_task(router.score(sample("p/0", delay="0.2")))
+        big = await router.score(sample("p/1", "9" * 5000))
+        assert big.error.error_class == INVALID
+        assert big.error.message.startswith("sample 'p/1' is 50") and "over the 4096-byte limit" in big.error.message
+        ok = await normal
+        assert ok.score == 1.0 and not ok.HasField("error"), "the sample in flight beside it is unharmed"
+        assert router.stats().requeued == 0
+        await router.close()
+        await server.stop(None)
+
+    run(go())
+
+
 class _AnswersTwice(reward_service_pb2_grpc.RewardServiceServicer):
     """A buggy third-party replica: every answer is sent twice."""
 

@@ -25,12 +25,14 @@ import grpc
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 
 from ..controller.idle import BusyClock
-from ..grpc_server import channel
+from ..grpc_server import MAX_MESSAGE_BYTES, channel
 from .functions import INVALID, TRANSIENT, error_score
 from .server import UNAVAILABLE_PREFIX, is_refusal
 
 # Weight of the newest observation in a replica's latency average.
 EWMA_ALPHA = 0.3
+# Largest sample sent: the gRPC message limit, less room for the request's own framing.
+MAX_SAMPLE_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
 # Used when a replica's Info reports no limit (0): a generous bound that still keeps one replica from taking all.
 DEFAULT_MAX_IN_FLIGHT = 64
 
@@ -107,8 +109,18 @@ class _Replica:
 class RewardRouter:
     """Routes samples to reward replicas over long-lived Score streams."""
 
-    def __init__(self, *, replica_timeout: float = 60.0, max_resends: int = 2, info_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        *,
+        replica_timeout: float = 60.0,
+        max_resends: int = 2,
+        info_timeout: float = 10.0,
+        max_sample_bytes: int = MAX_SAMPLE_BYTES,
+    ) -> None:
         self.replica_timeout = replica_timeout
+        # A request over the replica's message limit would fail its whole stream, and every sample in
+        # flight on it: refuse such a sample up front, naming it.
+        self.max_sample_bytes = max_sample_bytes
         # A sample that has killed (or been lost with) this many replicas is answered with an error
         # instead: a poison sample must not take down the whole pool one replica at a time.
         self.max_resends = max_resends
@@ -171,6 +183,10 @@ class RewardRouter:
             return error_score(sid, INVALID, "sample has an empty sample_id")
         if sid in self._pending:
             return error_score(sid, INVALID, f"sample {sid!r} is already being scored by this router")
+        size = sample.ByteSize()
+        if size > self.max_sample_bytes:
+            message = f"sample {sid!r} is {size} bytes, over the {self.max_sample_bytes}-byte limit of a reward request"
+            return error_score(sid, INVALID, message)
         self._pending.add(sid)
         try:
             return await self._route(sample)
