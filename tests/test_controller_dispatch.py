@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 import yaml
 
 from rljob.v1 import rollout_service_pb2 as rollout_pb
@@ -20,7 +21,7 @@ from rljob.v1 import sample_pb2
 from rljob_api import parse_rljob
 from rljob_api.workercfg import derive_worker_configs
 from rljob_workers.controller.data import PromptSource
-from rljob_workers.controller.loop import Controller
+from rljob_workers.controller.loop import Controller, RunFailed
 from rljob_workers.trainer.policy import TrainSample
 
 from conftest import REPO
@@ -107,12 +108,14 @@ class FakeTrainer:
         return f"ckpt-{step}"
 
 
-def run_controller(dispatch: str, max_staleness: int, steps: int = 4, per_step: int = 3, n: int = 4) -> Log:
+def make_controller(
+    log: Log, dispatch: str, max_staleness: int, steps: int, per_step: int, n: int, scorer: Any = None, **reward: Any
+) -> Controller:
     doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
     doc["spec"]["algorithm"].update(groupSize=n, promptsPerStep=per_step, totalSteps=steps, maxStaleness=max_staleness)
-    doc["spec"]["reward"]["dispatch"] = dispatch
+    doc["spec"]["reward"].update(dispatch=dispatch, **reward)
     config = derive_worker_configs(parse_rljob(doc)).controller
-    log, version = Log(), [0]
+    version = [0]
 
     async def sync_weights(new_version: int) -> None:
         version[0] = new_version
@@ -120,15 +123,20 @@ def run_controller(dispatch: str, max_staleness: int, steps: int = 4, per_step: 
     def on_step(report: Any) -> None:
         log.trained.append((log.tick(), report.prompt_ids))
 
-    controller = Controller(
+    return Controller(
         config=config,
         prompts=PromptSource([(f"q{i}", {"answer": "1"}) for i in range(40)], seed=0),
         rollout=FakeRollout(log, version),  # type: ignore[arg-type]
-        scorer=FakeScorer(log),
+        scorer=scorer or FakeScorer(log),
         trainer=FakeTrainer(log),
         sync_weights=sync_weights,
         on_step=on_step,
     )
+
+
+def run_controller(dispatch: str, max_staleness: int, steps: int = 4, per_step: int = 3, n: int = 4) -> Log:
+    log = Log()
+    controller = make_controller(log, dispatch, max_staleness, steps, per_step, n)
     asyncio.run(asyncio.wait_for(controller.run(), 30))
     trained = [p for _, prompts in log.trained for p in prompts]
     assert len(trained) == len(set(trained)) == steps * per_step, "each prompt is trained exactly once"
@@ -201,3 +209,61 @@ def test_batch_dispatch_releases_whole_batches_when_pipelined():
         released[-1].add(group_of(key))
         last_seen = seq
     assert all(len(groups) >= per_step for groups in released[:-1]), released
+
+
+@dataclass
+class DownForAWhile(FakeScorer):
+    """An endpoint that is down (a TRANSIENT error, as an open breaker answers) for its first `down` calls."""
+
+    down: int = 30
+    calls: int = 0
+
+    async def score(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore:
+        self.calls += 1
+        if self.calls <= self.down:
+            error = sample_pb2.ScoreError(
+                error_class=sample_pb2.ERROR_CLASS_TRANSIENT,
+                message=f"remote reward 'judge': sample {sample.sample_id!r} not sent: circuit breaker open",
+                function="judge",
+            )
+            return sample_pb2.SampleScore(sample_id=sample.sample_id, error=error)
+        return await super().score(sample)
+
+
+def run_with_outage(on_error: str) -> tuple[Controller, str | None]:
+    log = Log()
+    controller = make_controller(log, "sample", 1, 3, 2, 4, DownForAWhile(log), onError=on_error, retries=1)
+    try:
+        asyncio.run(asyncio.wait_for(controller.run(), 60))
+    except RunFailed as failed:
+        return controller, str(failed)
+    return controller, None
+
+
+def test_on_error_wait_rides_out_a_dead_endpoint():
+    controller, failure = run_with_outage("wait")
+    assert failure is None
+    counts = controller.counts
+    assert counts.trained == 3 * 2 * 4 and counts.excluded_reward_error == 0
+    assert counts.reward_retries >= 30, "every failed try was retried, none given up"
+
+
+def test_on_error_exclude_counts_and_fail_names_the_sample():
+    controller, failure = run_with_outage("exclude")
+    assert failure is None and controller.counts.excluded_reward_error > 0
+    _, failure = run_with_outage("fail")
+    assert failure is not None and "circuit breaker open" in failure and "sample 'e0-" in failure
+
+
+def test_on_error_wait_still_fails_on_a_function_error():
+    class Broken(FakeScorer):
+        async def score(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore:
+            error = sample_pb2.ScoreError(
+                error_class=sample_pb2.ERROR_CLASS_FUNCTION, message=f"sample {sample.sample_id!r}: boom"
+            )
+            return sample_pb2.SampleScore(sample_id=sample.sample_id, error=error)
+
+    log = Log()
+    controller = make_controller(log, "sample", 0, 1, 1, 2, Broken(log), onError="wait", retries=0)
+    with pytest.raises(RunFailed, match="boom"):
+        asyncio.run(asyncio.wait_for(controller.run(), 30))

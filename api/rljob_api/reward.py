@@ -211,9 +211,13 @@ class RewardSpec(Placement):
         ge=0,
         le=100,
     )
-    on_error: Literal["fail", "exclude"] = Field(
+    on_error: Literal["fail", "exclude", "wait"] = Field(
         "fail",
-        description="After retries: fail the job naming the sample, or exclude the sample from training and count it.",
+        description=(
+            "After retries: fail the job naming the sample; exclude the sample from training and count it; "
+            "or wait: keep retrying a transient failure (a dead endpoint, an open circuit breaker, a timeout) "
+            "with backoff until it scores, and fail the job on any other."
+        ),
     )
     max_in_flight_per_replica: int = Field(64, description="Samples in flight on one reward replica.", ge=1, le=65536)
     dispatch: RewardDispatch = Field(

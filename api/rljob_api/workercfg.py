@@ -86,7 +86,7 @@ class ControllerConfig(Model):
     reward_scaling: ScalingSpec
     reward_timeout_seconds: float
     reward_retries: int
-    reward_on_error: Literal["fail", "exclude"]
+    reward_on_error: Literal["fail", "exclude", "wait"]
     reward_max_in_flight: int
     reward_dispatch: RewardDispatch
     weight_sync: WeightSyncSpec

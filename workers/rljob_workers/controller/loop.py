@@ -35,6 +35,10 @@ from .rollout_clients import ReplicaLost, RolloutClients
 
 log = logging.getLogger(__name__)
 
+# Longest pause between two tries of a sample under onError: wait (an endpoint's breaker reopens
+# for a trial call after its resetSeconds; waiting far longer than that only delays recovery).
+WAIT_BACKOFF_CAP_SECONDS = 5.0
+
 
 class RunFailed(RuntimeError):
     """The run cannot go on; the message says why, naming the sample and function where one failed."""
@@ -108,6 +112,7 @@ class Controller:
     _in_training: int = 0
     trainer_busy: BusyClock = field(default_factory=BusyClock)  # a train step or its weight sync is running
     _held: dict[str, list[Sample]] = field(default_factory=dict)  # generated, not yet sent to reward
+    _waiting: set[str] = field(default_factory=set)  # samples retried under onError: wait
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -331,25 +336,35 @@ class Controller:
             token_ids=sample.token_ids,
             policy_version=sample.policy_version,
         )
-        for attempt in range(self.config.reward_retries + 1):
+        policy = self.config.reward_on_error
+        attempt = 0
+        while True:
             result = await self.scorer.score(request)
             if not result.HasField("error"):
+                self._waiting.discard(sample.sample_id)
                 async with self._changed:
                     self.counts.scored += 1
                     self.tracker.score(sample.prompt_id, sample.index, result.score, dict(result.components))
                     self._changed.notify_all()
                 return
+            error_class = result.error.error_class
             # A malformed sample stays malformed: retrying cannot help.
-            if attempt < self.config.reward_retries and result.error.error_class != sample_pb2.ERROR_CLASS_INVALID:
-                self.counts.reward_retries += 1
-                await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
-                continue
-            break
+            retry = attempt < self.config.reward_retries and error_class != sample_pb2.ERROR_CLASS_INVALID
+            wait = policy == "wait" and error_class == sample_pb2.ERROR_CLASS_TRANSIENT
+            if not (retry or wait):
+                break
+            if not retry and sample.sample_id not in self._waiting:
+                self._waiting.add(sample.sample_id)
+                log.warning("waiting for reward (onError: wait): %s", result.error.message)
+            self.counts.reward_retries += 1
+            await asyncio.sleep(min(0.05 * 2**attempt, WAIT_BACKOFF_CAP_SECONDS if wait else 2.0))
+            attempt += 1
+        self._waiting.discard(sample.sample_id)
         error = result.error
         detail = error.message
         if sample.sample_id not in detail:  # servers in other languages may not name the sample
             detail = f"sample {sample.sample_id}: reward function {error.function or '?'} failed: {detail}"
-        if self.config.reward_on_error == "fail":
+        if policy in ("fail", "wait"):
             self._fail(detail)
             return
         log.warning("excluded %s", detail)
