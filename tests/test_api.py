@@ -166,7 +166,7 @@ BAD_SPECS: list[tuple[str, Mutation, str]] = [
     (
         "unknown error policy",
         _set("spec.reward.onError", "ignore"),
-        "spec.reward.onError: 'ignore' is not one of 'fail' or 'exclude'",
+        "spec.reward.onError: 'ignore' is not one of 'fail', 'exclude' or 'wait'",
     ),
     (
         "nccl without gpus",
