@@ -9,7 +9,7 @@ EXAMPLE ?= examples/arithmetic.yaml
 MODEL_DIR ?= .cache/models/tiny-arith
 DATA_FILE ?= .cache/data/arithmetic-train.jsonl
 
-.PHONY: setup run test test-slow lint typecheck generate model clean
+.PHONY: setup run test lint typecheck generate model clean
 
 setup: $(STAMP)
 
@@ -35,10 +35,6 @@ typecheck: setup
 
 test: lint typecheck
 	$(BIN)/pytest
-
-# Minutes-long scale tests (1,000 kwok GPU nodes, 50 RLJobs at once); not part of `make test`.
-test-slow: setup
-	$(BIN)/pytest -m slow
 
 generate: setup
 	$(BIN)/python proto/generate.py

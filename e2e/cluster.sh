@@ -215,7 +215,9 @@ EOF
 }
 
 # kwok's built-in stages (copied from the kwok module, as kwokctl uses them): fast node
-# initialisation, node heartbeat via Lease, and pods that go Running at once.
+# initialisation, node heartbeat via Lease, and pods that go Running at once; plus ours from
+# e2e/stages/ (pod-ready-resync: a Running pod marked NotReady becomes Ready again, as a kubelet's
+# status sync would make it).
 write_kwok_config() {
   local dir
   dir="$(cd "${E2E_DIR}/tools/kwok" && e2e_go_env && go mod download -json "sigs.k8s.io/kwok@${KWOK_VERSION}" |
@@ -227,7 +229,8 @@ write_kwok_config() {
       "${dir}"/kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
       "${dir}"/kustomize/stage/pod/fast/pod-ready.yaml \
       "${dir}"/kustomize/stage/pod/fast/pod-complete.yaml \
-      "${dir}"/kustomize/stage/pod/fast/pod-delete.yaml; do
+      "${dir}"/kustomize/stage/pod/fast/pod-delete.yaml \
+      "${E2E_DIR}"/stages/*.yaml; do
       echo "---"
       grep -v '^---$' "${f}"
     done
