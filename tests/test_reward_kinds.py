@@ -40,8 +40,20 @@ T = TypeVar("T")
 # -- helpers -------------------------------------------------------------------------------------
 
 
+# Servers the helpers below started in the current `run`; stopped when it ends, even when a test
+# fails half-way (a server left running keeps asyncio.run from returning, so the test would hang).
+_started: list[RunningServer] = []
+
+
 def run(coro: Awaitable[T], timeout: float = 60) -> T:
-    return asyncio.run(asyncio.wait_for(coro, timeout))  # type: ignore[arg-type]
+    async def guarded() -> T:
+        try:
+            return await asyncio.wait_for(coro, timeout)
+        finally:
+            servers, _started[:] = list(_started), []
+            await asyncio.gather(*(s.stop(None) for s in servers), return_exceptions=True)
+
+    return asyncio.run(guarded())
 
 
 def fn(name: str, kind: str, weight: float = 1.0, *, judge_only: bool = False, **config: Any) -> RewardFunction:
@@ -72,7 +84,9 @@ async def function_set(*functions: RewardFunction, timeout: float = 5.0) -> Asyn
 
 async def rule_server(ref: str = "reward_fns:exact", port: int = 0) -> tuple[RunningServer, RewardServicer]:
     functions = RewardFunctionSet.from_spec([fn("exact", "rule", function=ref)], 10.0)
-    return await start_reward_server(functions, name="exact", max_in_flight=64, port=port)
+    running, servicer = await start_reward_server(functions, name="exact", max_in_flight=64, port=port)
+    _started.append(running)
+    return running, servicer
 
 
 class RangedServicer(RewardServicer):
@@ -99,7 +113,9 @@ async def ranged_server(score_range: tuple[float, float] | None, port: int = 0) 
     functions = RewardFunctionSet.from_spec([fn("len", "rule", function="reward_fns:length")], 10.0)
     servicer = RangedServicer(functions, score_range)
     service = Service(reward_service_pb2_grpc.add_RewardServiceServicer_to_server, servicer, SERVICE_NAME)
-    return await start_server([service], "127.0.0.1", port), servicer
+    running = await start_server([service], "127.0.0.1", port)
+    _started.append(running)
+    return running, servicer
 
 
 def scored_total(servicer: RewardServicer) -> float:

@@ -144,6 +144,13 @@ def run_pods(cluster: Cluster, name: str, ns: str) -> None:
 
 # ---------------------------------------------------------------- the API server's checks
 
+EXACT_MATCH = ARITHMETIC["spec"]["reward"]["functions"][0]
+JUDGE: dict[str, Any] = {
+    "name": "judge",
+    "kind": "genrm",
+    "genrm": {"modelPath": "/models/judge", "promptTemplate": "Is {completion} right for {prompt}? Answer 0-1:"},
+}
+
 
 def test_crd_installs(cluster: Cluster, crd: str) -> None:
     got = cluster.get("crd", "rljobs.rljob.io", "default")
@@ -168,8 +175,33 @@ def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str
         ({"rollout": {**ARITHMETIC["spec"]["rollout"], "replicaz": 2}}, "spec.rollout.replicaz", "not declared"),
         ({"rollout": {**ARITHMETIC["spec"]["rollout"], "engine": "vllm"}}, "spec.rollout", "gpusPerReplica"),
         ({"algorithm": {**ARITHMETIC["spec"]["algorithm"], "miniBatches": 3}}, "spec.algorithm", "miniBatches"),
+        ({"reward": {**ARITHMETIC["spec"]["reward"], "dispatch": "later"}}, "spec.reward.dispatch", "later"),
+        (
+            {"reward": {**ARITHMETIC["spec"]["reward"], "functions": [{**EXACT_MATCH, "judgeOnly": True}]}},
+            "spec.reward.functions[0]",
+            "judgeOnly is only for disrm and genrm",
+        ),
+        (
+            {"reward": {**ARITHMETIC["spec"]["reward"], "functions": [{**JUDGE, "judgeOnly": True}]}},
+            "spec.reward",
+            "at least one must score the samples",
+        ),
+        (
+            {"rollout": {**ARITHMETIC["spec"]["rollout"], "sampling": {"temperature": 0}}},
+            "spec.rollout.sampling.temperature",
+            "greater than 0",
+        ),
     ],
-    ids=["reward-min-gt-max", "unknown-field", "engine-needs-gpus", "mini-batches"],
+    ids=[
+        "reward-min-gt-max",
+        "unknown-field",
+        "engine-needs-gpus",
+        "mini-batches",
+        "unknown-dispatch",
+        "judge-only-rule",
+        "only-judges",
+        "greedy-rollout",
+    ],
 )
 def test_bad_specs_are_refused_naming_the_field(
     cluster: Cluster, crd: str, ns: str, change: dict[str, Any], field: str, words: str
@@ -177,6 +209,17 @@ def test_bad_specs_are_refused_naming_the_field(
     out = cluster.apply(rljob("bad", ns, **change), check=False)
     assert out.returncode != 0, "the API server accepted a spec it must refuse"
     assert field in out.stderr and words in out.stderr, out.stderr
+
+
+def test_a_greedy_judge_only_genrm_is_accepted(cluster: Cluster, crd: str, ns: str) -> None:
+    judge = {**JUDGE, "judgeOnly": True, "genrm": {**JUDGE["genrm"], "sampling": {"temperature": 0}}}
+    functions = [{**EXACT_MATCH, "rule": {"function": "my_rewards:judged"}}, judge]
+    doc = rljob("greedy", ns, reward={**ARITHMETIC["spec"]["reward"], "functions": functions})
+    out = cluster.apply(doc, "--dry-run=server", "-o", "json", check=False)
+    assert out.returncode == 0, out.stderr
+    stored = json.loads(out.stdout)["spec"]["reward"]["functions"]
+    assert [f.get("judgeOnly") for f in stored] == [False, True], "the API server fills in judgeOnly's default"
+    assert stored[1]["genrm"]["sampling"]["temperature"] == 0
 
 
 def test_immutable_fields_are_refused_on_update(cluster: Cluster, crd: str, ns: str) -> None:
