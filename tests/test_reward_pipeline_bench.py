@@ -43,11 +43,10 @@ def probe_with(bench: ModuleType, busy_per_step: float, replicas: int) -> object
                 trainer_busy=busy_per_step * step,
                 reward_service=2.0 * step,
                 replica_seconds=float(replicas * step),
-                scored=10 * step,
                 discarded_stale=0,
             )
         )
-    probe.replicas_seen = [replicas]
+    probe.max_replicas = replicas
     return probe
 
 

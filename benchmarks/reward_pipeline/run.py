@@ -92,7 +92,6 @@ class Snapshot:
     trainer_busy: float
     reward_service: float
     replica_seconds: float
-    scored: int
     discarded_stale: int
 
 
@@ -102,7 +101,7 @@ class Probe:
 
     snapshots: list[Snapshot] = field(default_factory=list)
     replica_seconds: float = 0.0
-    replicas_seen: list[int] = field(default_factory=list)
+    max_replicas: int = 0
     _last: tuple[float, int] | None = None
     _sampler: asyncio.Task[None] | None = None
 
@@ -111,7 +110,7 @@ class Probe:
         if self._last is not None:
             self.replica_seconds += (now - self._last[0]) * self._last[1]
         self._last = (now, replicas)
-        self.replicas_seen.append(replicas)
+        self.max_replicas = max(self.max_replicas, replicas)
 
     async def _sample(self, run: LocalRun) -> None:
         while True:
@@ -131,7 +130,6 @@ class Probe:
                 trainer_busy=run.controller.trainer_busy.seconds(),
                 reward_service=run.router.stats().service_seconds,
                 replica_seconds=self.replica_seconds,
-                scored=report.counts.scored,
                 discarded_stale=report.counts.discarded_stale,
             )
         )
@@ -168,7 +166,7 @@ def measure(config: str, probe: Probe, reports: list[StepReport], warmup: int) -
         train_per_step=(last.trainer_busy - first.trainer_busy) / steps,
         reward_work_per_step=(last.reward_service - first.reward_service) / steps,
         replica_seconds=last.replica_seconds - first.replica_seconds,
-        max_replicas=max(probe.replicas_seen),
+        max_replicas=probe.max_replicas,
         discarded_stale=last.discarded_stale - first.discarded_stale,
         reward_last5=statistics.fmean(r.reward_mean for r in reports[-5:]) if reports else math.nan,
     )

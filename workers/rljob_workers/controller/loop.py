@@ -357,7 +357,8 @@ class Controller:
                 self._waiting.add(sample.sample_id)
                 log.warning("waiting for reward (onError: wait): %s", result.error.message)
             self.counts.reward_retries += 1
-            await asyncio.sleep(min(0.05 * 2**attempt, WAIT_BACKOFF_CAP_SECONDS if wait else 2.0))
+            # The exponent is capped: under onError: wait, 2**attempt would outgrow a float in time.
+            await asyncio.sleep(min(0.05 * 2 ** min(attempt, 10), WAIT_BACKOFF_CAP_SECONDS if wait else 2.0))
             attempt += 1
         self._waiting.discard(sample.sample_id)
         error = result.error
