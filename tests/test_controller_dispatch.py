@@ -21,7 +21,7 @@ from rljob.v1 import sample_pb2
 from rljob_api import parse_rljob
 from rljob_api.workercfg import derive_worker_configs
 from rljob_workers.controller.data import PromptSource
-from rljob_workers.controller.loop import Controller, RunFailed
+from rljob_workers.controller.loop import Controller, RunFailed, StepReport
 from rljob_workers.trainer.policy import TrainSample
 
 from conftest import REPO
@@ -267,3 +267,29 @@ def test_on_error_wait_still_fails_on_a_function_error():
     controller = make_controller(log, "sample", 0, 1, 1, 2, Broken(log), onError="wait", retries=0)
     with pytest.raises(RunFailed, match="boom"):
         asyncio.run(asyncio.wait_for(controller.run(), 30))
+
+
+@dataclass
+class FirstSampleSlowScorer(FakeScorer):
+    """Takes `delay` seconds over the first sample it scores."""
+
+    delay: float = 0.2
+    slow_prompt: str | None = None
+
+    async def score(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore:
+        if self.slow_prompt is None:
+            self.slow_prompt = sample.prompt_id
+            await asyncio.sleep(self.delay)
+        return await super().score(sample)
+
+
+def test_step_report_gives_the_slowest_group_latency_of_its_batch():
+    log, reports = Log(), list[StepReport]()
+    scorer = FirstSampleSlowScorer(log)
+    controller = make_controller(log, "sample", 1, steps=4, per_step=3, n=4, scorer=scorer)
+    controller.on_step = reports.append
+    asyncio.run(asyncio.wait_for(controller.run(), 30))
+    [slow_step] = [r for r in reports if scorer.slow_prompt in r.prompt_ids]
+    assert slow_step.group_latency_max >= scorer.delay
+    others = [r.group_latency_max for r in reports if r is not slow_step]
+    assert others and all(0 < latency < scorer.delay for latency in others)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -32,7 +33,7 @@ def bench() -> ModuleType:
     return load("run")
 
 
-def probe_with(bench: ModuleType, busy_per_step: float, replicas: int) -> object:
+def probe_with(bench: ModuleType, busy_per_step: float, replicas: int, group_latency: float = 1.0) -> object:
     probe = bench.Probe()
     for step in range(1, 6):  # one step per second
         probe.snapshots.append(
@@ -44,6 +45,7 @@ def probe_with(bench: ModuleType, busy_per_step: float, replicas: int) -> object
                 reward_service=2.0 * step,
                 replica_seconds=float(replicas * step),
                 discarded_stale=0,
+                group_latency_max=group_latency * step,  # 1, 2, ... × group_latency
             )
         )
     probe.max_replicas = replicas
@@ -51,7 +53,7 @@ def probe_with(bench: ModuleType, busy_per_step: float, replicas: int) -> object
 
 
 def test_measure_takes_differences_after_the_warmup(bench: ModuleType) -> None:
-    m = bench.measure("async", probe_with(bench, 0.9, replicas=2), [], warmup=2)
+    m = bench.measure(bench.CONFIGS["async"], probe_with(bench, 0.9, replicas=2), [], warmup=2)
     assert m.steps == 3 and m.wall_per_step == pytest.approx(1.0)
     assert m.trainer_idle == pytest.approx(0.1) and m.train_per_step == pytest.approx(0.9)
     assert m.rollout_per_step == pytest.approx(0.5) and m.reward_work_per_step == pytest.approx(2.0)
@@ -59,12 +61,22 @@ def test_measure_takes_differences_after_the_warmup(bench: ModuleType) -> None:
     # Limit: the slowest stage; reward work 2 s per step over 4 slots is 0.5 s.
     assert bench.limit_per_step(m, slots=4) == pytest.approx(0.9)
     assert bench.limit_per_step(m, slots=1) == pytest.approx(2.0)
+    # Latency bound: the measured steps' slowest groups took 3, 4, 5 s, plus a 0.9 s train step,
+    # over the maxStaleness + 1 = 3 steps they have.
+    assert m.latency_bound_per_step == pytest.approx((4.0 + 0.9) / 3)
+
+
+def test_latency_bound_of_sync_is_its_whole_step(bench: ModuleType) -> None:
+    # maxStaleness 0: generate and score (the group latency), then train; nothing overlaps.
+    assert bench.latency_bound([0.6, 0.8], 0.3, 0) == pytest.approx(1.0)
+    assert bench.latency_bound([0.6, 0.8], 0.3, 1) == pytest.approx(0.5)
+    assert math.isnan(bench.latency_bound([], 0.3, 1))
 
 
 def test_targets_are_reported_met_or_missed(bench: ModuleType) -> None:
-    sync = bench.measure("sync", probe_with(bench, 0.2, replicas=4), [], warmup=1)
-    fast = bench.measure("async", probe_with(bench, 0.97, replicas=4), [], warmup=1)
-    idle = bench.measure("async-elastic", probe_with(bench, 0.5, replicas=1), [], warmup=1)
+    sync = bench.measure(bench.CONFIGS["sync"], probe_with(bench, 0.2, replicas=4), [], warmup=1)
+    fast = bench.measure(bench.CONFIGS["async"], probe_with(bench, 0.97, replicas=4), [], warmup=1)
+    idle = bench.measure(bench.CONFIGS["async-elastic"], probe_with(bench, 0.5, replicas=1), [], warmup=1)
     args = bench.main.__globals__["argparse"].Namespace(replicas=4, in_flight=2)
     text, derived = bench.table([sync, fast, idle], args)
     assert "| (3) async streaming, fixed pool |" in text and "75% fewer replica-seconds" in text

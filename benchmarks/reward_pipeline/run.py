@@ -93,6 +93,7 @@ class Snapshot:
     reward_service: float
     replica_seconds: float
     discarded_stale: int
+    group_latency_max: float
 
 
 @dataclass
@@ -131,6 +132,7 @@ class Probe:
                 reward_service=run.router.stats().service_seconds,
                 replica_seconds=self.replica_seconds,
                 discarded_stale=report.counts.discarded_stale,
+                group_latency_max=report.group_latency_max,
             )
         )
 
@@ -150,25 +152,43 @@ class Measured:
     max_replicas: int
     discarded_stale: int
     reward_last5: float
+    latency_bound_per_step: float
 
 
-def measure(config: str, probe: Probe, reports: list[StepReport], warmup: int) -> Measured:
+def latency_bound(group_latencies: list[float], train_per_step: float, max_staleness: int) -> float:
+    """The least s/step the groups' latency allows, however fast each stage is.
+
+    A group dispatched as step k's train step (and weight sync) ends must be trained by step
+    k + maxStaleness + 1, and that step ends a train step after the group is ready: so
+    maxStaleness + 1 steps take at least the group's latency (dispatch to last score) plus a
+    train step. Taken with the batch's slowest group, averaged over the steps. With
+    maxStaleness 0 it is exactly the synchronous step: generate and score, then train.
+    """
+    if not group_latencies:
+        return math.nan
+    return (statistics.fmean(group_latencies) + train_per_step) / (max_staleness + 1)
+
+
+def measure(config: Config, probe: Probe, reports: list[StepReport], warmup: int) -> Measured:
     """Differences of the cumulative clocks between the warm-up's last step and the run's last."""
     first, last = probe.snapshots[warmup - 1], probe.snapshots[-1]
     steps = last.step - first.step
     wall = last.at - first.at
+    latencies = [s.group_latency_max for s in probe.snapshots[warmup:]]
+    train_per_step = (last.trainer_busy - first.trainer_busy) / steps
     return Measured(
-        config=config,
+        config=config.name,
         steps=steps,
         wall_per_step=wall / steps,
         trainer_idle=1.0 - (last.trainer_busy - first.trainer_busy) / wall,
         rollout_per_step=(last.rollout_busy - first.rollout_busy) / steps,
-        train_per_step=(last.trainer_busy - first.trainer_busy) / steps,
+        train_per_step=train_per_step,
         reward_work_per_step=(last.reward_service - first.reward_service) / steps,
         replica_seconds=last.replica_seconds - first.replica_seconds,
         max_replicas=probe.max_replicas,
         discarded_stale=last.discarded_stale - first.discarded_stale,
         reward_last5=statistics.fmean(r.reward_mean for r in reports[-5:]) if reports else math.nan,
+        latency_bound_per_step=latency_bound(latencies, train_per_step, config.max_staleness),
     )
 
 
@@ -224,7 +244,7 @@ def run_config(config: Config, args: argparse.Namespace, work: Path) -> Measured
     rc = asyncio.run(run.main())
     if rc != 0:
         raise SystemExit(f"{config.name}: the run failed: {run.view.message if run.view else rc}")
-    return measure(config.name, probe, run.reports, args.warmup)
+    return measure(config, probe, run.reports, args.warmup)
 
 
 def run_in_subprocess(name: str, argv: list[str], work: Path) -> Measured:
@@ -245,7 +265,7 @@ def table(results: list[Measured], args: argparse.Namespace) -> tuple[str, dict[
     slots = args.replicas * args.in_flight
     header = (
         "| configuration | s/step | vs sync | trainer idle | rollout s/step | train s/step "
-        "| reward work ÷ capacity | limit s/step | efficiency | replica-s | stale |"
+        "| reward work ÷ capacity | limit s/step | efficiency | latency bound s/step | replica-s | stale |"
     )
     lines = [header, "|---" * (header.count("|") - 1) + "|"]
     derived: dict[str, dict[str, float]] = {}
@@ -256,7 +276,8 @@ def table(results: list[Measured], args: argparse.Namespace) -> tuple[str, dict[
         lines.append(
             f"| {CONFIGS[m.config].label} | {m.wall_per_step:.3f} | {speedup:.2f}× | {100 * m.trainer_idle:.1f}% "
             f"| {m.rollout_per_step:.3f} | {m.train_per_step:.3f} | {m.reward_work_per_step / slots:.3f} "
-            f"| {limit:.3f} | {limit / m.wall_per_step:.2f} | {m.replica_seconds:.0f} | {m.discarded_stale} |"
+            f"| {limit:.3f} | {limit / m.wall_per_step:.2f} | {m.latency_bound_per_step:.3f} "
+            f"| {m.replica_seconds:.0f} | {m.discarded_stale} |"
         )
     if stages is not None and "async" in by_name:
         overlapped = by_name["async"]

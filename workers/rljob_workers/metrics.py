@@ -44,6 +44,12 @@ class RunMetrics:
             list(labels),
             registry=self.registry,
         )
+        self.group_latency = Gauge(
+            "rljob_group_latency_max_seconds",
+            "Slowest prompt group of the last batch, from dispatch to its last score",
+            list(labels),
+            registry=self.registry,
+        )
         self.idle = Gauge(
             "rljob_pool_idle_fraction",
             "Fraction of the last minute a pool was idle",
@@ -71,6 +77,7 @@ class RunMetrics:
         self.staleness.labels(**self.labels).set(report.staleness_mean)
         self.step_seconds.labels(**self.labels).set(report.step_seconds)
         self.trainer_wait.labels(**self.labels).set(report.wait_seconds)
+        self.group_latency.labels(**self.labels).set(report.group_latency_max)
         for outcome in COUNT_HELP:
             delta = getattr(report.counts, outcome) - getattr(self._seen, outcome)
             if delta > 0:

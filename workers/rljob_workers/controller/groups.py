@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -33,6 +34,13 @@ class Group:
     dispatched_version: int = 0  # the controller's policy version when the group was dispatched
     received: dict[int, Sample] = field(default_factory=dict)
     excluded: set[int] = field(default_factory=set)
+    dispatched_at: float = field(default_factory=time.monotonic)
+    ready_at: float | None = None  # when its last sample was scored or excluded
+
+    @property
+    def latency(self) -> float | None:
+        """Seconds from dispatch until the whole group was scored; None while it is not."""
+        return None if self.ready_at is None else self.ready_at - self.dispatched_at
 
     @property
     def scored(self) -> list[Sample]:
@@ -120,6 +128,7 @@ class GroupTracker:
     def _maybe_ready(self, prompt_id: str) -> None:
         group = self.groups[prompt_id]
         if group.complete:
+            group.ready_at = time.monotonic()
             del self.groups[prompt_id]
             self.ready.append(group)
 

@@ -88,6 +88,9 @@ class StepReport:
     elapsed_seconds: float
     counts: Counts
     checkpoint: str | None = None
+    # The batch's slowest group, from dispatch to its last score: with maxStaleness > 0 a step
+    # cannot take less than this ÷ maxStaleness without the trainer waiting (see the reward_pipeline benchmark).
+    group_latency_max: float = 0.0
 
 
 @dataclass
@@ -174,6 +177,7 @@ class Controller:
                 elapsed_seconds=time.monotonic() - self._started,
                 counts=Counts(**vars(self.counts)),
                 checkpoint=self.last_checkpoint,
+                group_latency_max=max((g.latency or 0.0 for g in groups), default=0.0),
             )
         )
 

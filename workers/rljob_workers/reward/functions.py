@@ -30,8 +30,9 @@ import importlib
 import inspect
 import math
 import numbers
+import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -157,6 +158,14 @@ class RewardFunctionSet:
         if timeout_seconds <= 0:
             raise RewardConfigError(f"timeout_seconds must be positive, got {timeout_seconds}")
         self.functions = list(functions)
+        # Decided once, not per sample: a runtime-checkable Protocol's isinstance is slow.
+        self._scorers: dict[str, SampleScorer] = {}
+        self._rules: dict[str, tuple[RewardCallable, bool]] = {}  # name: (callable, is async)
+        for f in self.functions:
+            if isinstance(f.fn, SampleScorer):
+                self._scorers[f.name] = f.fn
+            else:
+                self._rules[f.name] = (f.fn, is_async(f.fn))
         self.judge_only = list(judge_only)
         self.timeout_seconds = timeout_seconds
         self.metrics = metrics if metrics is not None else RewardMetrics()
@@ -180,7 +189,7 @@ class RewardFunctionSet:
     @property
     def scorers(self) -> list[SampleScorer]:
         """The non-rule kinds' scorers (remote endpoints, models), the judge-only models last."""
-        return [*(f.fn for f in self.functions if isinstance(f.fn, SampleScorer)), *self.judge_only]
+        return [*self._scorers.values(), *self.judge_only]
 
     @property
     def names(self) -> list[str]:
@@ -189,7 +198,10 @@ class RewardFunctionSet:
     async def score(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore:
         """Score one sample with every function concurrently; never raises for a function's failure."""
         start = time.perf_counter()
-        outcomes = await asyncio.gather(*(self._call(f, sample) for f in self.functions))
+        if len(self.functions) == 1:  # the common case, without gather's task per function
+            outcomes = [await self._call(self.functions[0], sample)]
+        else:
+            outcomes = await asyncio.gather(*(self._call(f, sample) for f in self.functions))
         result = sample_pb2.SampleScore(sample_id=sample.sample_id)
         for function, outcome in zip(self.functions, outcomes, strict=True):
             if outcome.value is not None:
@@ -218,12 +230,14 @@ class RewardFunctionSet:
     async def _outcome(self, function: WeightedFunction, sample: sample_pb2.RewardSample) -> _Outcome:
         name, sample_id = function.name, sample.sample_id
         timeout: float | None = self.timeout_seconds
+        scorer = self._scorers.get(name)
         try:
-            if isinstance(function.fn, SampleScorer):
-                timeout = None if function.fn.manages_deadline else timeout
-                value: object = await asyncio.wait_for(function.fn.score_sample(sample), timeout)
+            if scorer is not None:
+                timeout = None if scorer.manages_deadline else timeout
+                value: object = await _within(scorer.score_sample(sample), timeout)
             else:
-                value = await asyncio.wait_for(self._invoke(function.fn, _kwargs(function, sample)), timeout)
+                fn, is_async_fn = self._rules[name]
+                value = await _within(self._invoke(fn, _kwargs(function, sample), is_async_fn), timeout)
         except asyncio.TimeoutError:
             # A sync function keeps its thread until it returns: Python cannot interrupt it.
             message = f"reward function {name!r} timed out after {self.timeout_seconds:g}s on sample {sample_id!r}"
@@ -238,8 +252,8 @@ class RewardFunctionSet:
             return _failure(FUNCTION, message, name)
         return _check_value(value, name, sample_id)
 
-    async def _invoke(self, fn: RewardCallable, kwargs: dict[str, Any]) -> object:
-        if is_async(fn):
+    async def _invoke(self, fn: RewardCallable, kwargs: dict[str, Any], is_async_fn: bool) -> object:
+        if is_async_fn:
             result = fn(**kwargs)
         else:
             loop = asyncio.get_running_loop()
@@ -259,6 +273,15 @@ class RewardFunctionSet:
         """Close every kind's scorer (models, engines, channels), then the thread pool."""
         await asyncio.gather(*(s.close() for s in self.scorers), return_exceptions=True)
         self.close()
+
+
+async def _within(awaitable: Awaitable[object], timeout: float | None) -> object:
+    """`awaitable`'s result, or asyncio.TimeoutError after `timeout` seconds (None: no limit)."""
+    if sys.version_info >= (3, 11):
+        # Unlike wait_for before 3.12, no extra task per call: this runs once per sample and function.
+        async with asyncio.timeout(timeout):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, timeout)
 
 
 def _kwargs(function: WeightedFunction, sample: sample_pb2.RewardSample) -> dict[str, Any]:
