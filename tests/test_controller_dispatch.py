@@ -15,13 +15,17 @@ from typing import Any
 
 import pytest
 import yaml
+from rich.console import Console
 
+from rljob.v1 import control_service_pb2 as control_pb
 from rljob.v1 import rollout_service_pb2 as rollout_pb
 from rljob.v1 import sample_pb2
 from rljob_api import parse_rljob
 from rljob_api.workercfg import derive_worker_configs
 from rljob_workers.controller.data import PromptSource
 from rljob_workers.controller.loop import Controller, RunFailed, StepReport
+from rljob_workers.controller.status import RunView
+from rljob_workers.display import status_table
 from rljob_workers.trainer.policy import TrainSample
 
 from conftest import REPO
@@ -246,6 +250,36 @@ def test_on_error_wait_rides_out_a_dead_endpoint():
     counts = controller.counts
     assert counts.trained == 3 * 2 * 4 and counts.excluded_reward_error == 0
     assert counts.reward_retries >= 30, "every failed try was retried, none given up"
+
+
+def test_samples_waiting_for_reward_show_in_the_status_snapshot():
+    log = Log()
+    controller = make_controller(log, "sample", 1, 3, 2, 4, DownForAWhile(log), onError="wait", retries=1)
+    view = RunView(controller, total_steps=3, pools=dict)
+    seen: list[tuple[int, str]] = []
+    waiting_status: list[control_pb.JobStatus] = []
+
+    async def run_and_watch() -> None:
+        run = asyncio.create_task(controller.run())
+        while not run.done():
+            status = view.snapshot()
+            seen.append((status.samples.waiting_for_reward, status.reward_wait_reason))
+            if status.samples.waiting_for_reward:
+                waiting_status[:] = [status]
+            await asyncio.sleep(0.005)
+        await run
+
+    asyncio.run(asyncio.wait_for(run_and_watch(), 60))
+    waiting = [reason for count, reason in seen if count > 0]
+    assert waiting, "the outage never showed in the status"
+    assert all("circuit breaker open" in reason for reason in waiting)
+    final = view.snapshot()
+    assert (final.samples.waiting_for_reward, final.reward_wait_reason) == (0, "")
+    assert final.samples.reward_retries == controller.counts.reward_retries >= 30
+    # `rljob run`'s live table shows the wait and its reason.
+    console = Console(record=True, width=200)
+    console.print(status_table("job", waiting_status[-1]))
+    assert "sample(s) for reward: remote reward 'judge'" in console.export_text()
 
 
 def test_on_error_exclude_counts_and_fail_names_the_sample():

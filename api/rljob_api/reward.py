@@ -216,7 +216,8 @@ class RewardSpec(Placement):
         description=(
             "After retries: fail the job naming the sample; exclude the sample from training and count it; "
             "or wait: keep retrying a transient failure (a dead endpoint, an open circuit breaker, a timeout) "
-            "with backoff until it scores, and fail the job on any other."
+            "with backoff until it scores, and fail the job on any other. While samples wait, the RLJob's "
+            "Degraded condition is True with reason WaitingForReward, naming the newest reward error."
         ),
     )
     max_in_flight_per_replica: int = Field(64, description="Samples in flight on one reward replica.", ge=1, le=65536)

@@ -98,7 +98,9 @@ def _progressing(phase: Phase, snapshot: control_pb.JobStatus | None, job: RLJob
     return "True", "Training", f"step {snapshot.step}/{total}, policy version {snapshot.policy_version}"
 
 
-def _degraded(job: RLJob, observed: Observed, phase: Phase, message: str) -> tuple[str, str, str]:
+def _degraded(
+    job: RLJob, observed: Observed, phase: Phase, message: str, snapshot: control_pb.JobStatus | None
+) -> tuple[str, str, str]:
     if phase == "Failed":
         return "True", "Failed", message
     if phase in ("Suspended", "Succeeded"):
@@ -122,6 +124,9 @@ def _degraded(job: RLJob, observed: Observed, phase: Phase, message: str) -> tup
             "DriverRestarted",
             f"the driver failed {driver.failed_attempts} time(s); it resumes from the newest checkpoint",
         )
+    waiting = _waiting_for_reward(snapshot)
+    if waiting:
+        return "True", "WaitingForReward", waiting
     return "False", "AsExpected", ""
 
 
@@ -148,6 +153,15 @@ def _conditions(
     return out
 
 
+def _waiting_for_reward(snapshot: control_pb.JobStatus | None) -> str:
+    """What the run waits for under reward onError: wait, or "" when no sample waits."""
+    if snapshot is None or snapshot.phase != control_pb.RUN_PHASE_RUNNING or not snapshot.samples.waiting_for_reward:
+        return ""
+    count = snapshot.samples.waiting_for_reward
+    reason = snapshot.reward_wait_reason or "no reason given"
+    return f"{count} sample(s) waiting for reward (onError: wait): {reason}"
+
+
 def _message(phase: Phase, observed: Observed, snapshot: control_pb.JobStatus | None, pools: PoolsStatus) -> str:
     if phase == "Failed":
         driver = observed.driver
@@ -155,7 +169,8 @@ def _message(phase: Phase, observed: Observed, snapshot: control_pb.JobStatus | 
             return snapshot.message
         return (driver.message if driver else "") or "the driver failed"
     sizes = ", ".join(f"{p} {getattr(pools, p).ready}/{getattr(pools, p).desired}" for p in POOLS)
-    return f"{phase}: {sizes}"
+    waiting = _waiting_for_reward(snapshot) if phase == "Running" else ""
+    return f"{phase}: {sizes}" + (f"; {waiting}" if waiting else "")
 
 
 def compute_status(
@@ -177,7 +192,7 @@ def compute_status(
     message = _message(phase, observed, snapshot, pools)
     wanted = {READY_TYPE[p]: _pool_condition(p, getattr(pools, p), observed, phase) for p in POOLS}
     wanted["Progressing"] = _progressing(phase, snapshot, job)
-    wanted["Degraded"] = _degraded(job, observed, phase, message)
+    wanted["Degraded"] = _degraded(job, observed, phase, message, snapshot)
     prev = previous or RLJobStatus()
     status = RLJobStatus(
         phase=phase,

@@ -216,6 +216,21 @@ def test_driver_restart_is_degraded() -> None:
     assert (degraded.status, degraded.reason) == ("True", "DriverRestarted")
 
 
+def test_samples_waiting_for_reward_are_degraded_and_named() -> None:
+    observed = Observed(ray_cluster=True, head=HEAD, pods=running_pools(), driver=DRIVER_RUNNING)
+    reason = "remote reward 'judge': sample 'e3/1' not sent: circuit breaker open"
+    waiting = snapshot(samples=control_pb.SampleCounts(waiting_for_reward=3), reward_wait_reason=reason)
+    status = compute_status(job(), observed, waiting, now=T0)
+    assert status.phase == "Running"
+    degraded = cond(status, "Degraded")
+    assert (degraded.status, degraded.reason) == ("True", "WaitingForReward")
+    assert degraded.message == f"3 sample(s) waiting for reward (onError: wait): {reason}"
+    assert status.message is not None and status.message.endswith(degraded.message)
+    # The endpoint is back: the condition clears with the controller's next snapshot.
+    recovered = compute_status(job(), observed, snapshot(), now=T0, previous=status)
+    assert cond(recovered, "Degraded").status == "False" and "waiting" not in (recovered.message or "")
+
+
 def test_reward_desired_follows_the_scaled_group() -> None:
     observed = Observed(ray_cluster=True, head=HEAD, reward_replicas=5, pods=running_pools(reward=ready("rw", 3)))
     status = compute_status(job(), observed, None, now=T0)

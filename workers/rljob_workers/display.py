@@ -30,8 +30,11 @@ def status_table(job: str, status: pb.JobStatus) -> Table:
         ("idle", "  ".join(f"{n} {p.idle_fraction:.0%}" for n, p in _pools(status))),
         ("samples", f"generated {s.generated}  scored {s.scored}  trained {s.trained}"),
         ("set aside", f"stale {s.discarded_stale}  reward errors {s.excluded_reward_error}  lost {s.lost_replica}"),
+        ("reward retries", str(s.reward_retries)),
         ("elapsed", f"{status.elapsed_seconds:.0f} s"),
     ]
+    if s.waiting_for_reward:
+        rows.append(("waiting", f"{s.waiting_for_reward} sample(s) for reward: {status.reward_wait_reason}"))
     for name, value in rows:
         table.add_row(name, value)
     if status.message:

@@ -116,6 +116,7 @@ class Controller:
     trainer_busy: BusyClock = field(default_factory=BusyClock)  # a train step or its weight sync is running
     _held: dict[str, list[Sample]] = field(default_factory=dict)  # generated, not yet sent to reward
     _waiting: set[str] = field(default_factory=set)  # samples retried under onError: wait
+    _wait_reason: str = ""  # the newest reward error that made a sample wait
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -357,9 +358,11 @@ class Controller:
             wait = policy == "wait" and error_class == sample_pb2.ERROR_CLASS_TRANSIENT
             if not (retry or wait):
                 break
-            if not retry and sample.sample_id not in self._waiting:
+            if not retry:
+                if sample.sample_id not in self._waiting:
+                    log.warning("waiting for reward (onError: wait): %s", result.error.message)
                 self._waiting.add(sample.sample_id)
-                log.warning("waiting for reward (onError: wait): %s", result.error.message)
+                self._wait_reason = result.error.message
             self.counts.reward_retries += 1
             # The exponent is capped: under onError: wait, 2**attempt would outgrow a float in time.
             await asyncio.sleep(min(0.05 * 2 ** min(attempt, 10), WAIT_BACKOFF_CAP_SECONDS if wait else 2.0))
@@ -377,6 +380,11 @@ class Controller:
             self.counts.excluded_reward_error += 1
             self.tracker.exclude(sample.prompt_id, sample.index)
             self._changed.notify_all()
+
+    @property
+    def waiting_for_reward(self) -> tuple[int, str]:
+        """Samples whose reward is retried under onError: wait now, and the newest error that made one wait."""
+        return len(self._waiting), self._wait_reason if self._waiting else ""
 
     # ---- failure and state ---------------------------------------------------------------
     def _fail(self, message: str) -> None:

@@ -41,10 +41,12 @@ class RunView:
                 discarded_stale=counts.discarded_stale,
                 excluded_reward_error=counts.excluded_reward_error,
                 lost_replica=counts.lost_replica,
+                reward_retries=counts.reward_retries,
             ),
             checkpoint=c.last_checkpoint or "",
             message=self.message,
         )
+        status.samples.waiting_for_reward, status.reward_wait_reason = c.waiting_for_reward
         if last is not None:
             status.reward_mean = last.reward_mean
             status.reward_std = last.reward_std

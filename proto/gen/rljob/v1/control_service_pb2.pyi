@@ -35,23 +35,27 @@ class PoolStatus(_message.Message):
     def __init__(self, desired: _Optional[int] = ..., ready: _Optional[int] = ..., drained: _Optional[_Iterable[str]] = ..., idle_fraction: _Optional[float] = ...) -> None: ...
 
 class SampleCounts(_message.Message):
-    __slots__ = ("generated", "scored", "trained", "discarded_stale", "excluded_reward_error", "lost_replica")
+    __slots__ = ("generated", "scored", "trained", "discarded_stale", "excluded_reward_error", "lost_replica", "reward_retries", "waiting_for_reward")
     GENERATED_FIELD_NUMBER: _ClassVar[int]
     SCORED_FIELD_NUMBER: _ClassVar[int]
     TRAINED_FIELD_NUMBER: _ClassVar[int]
     DISCARDED_STALE_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_REWARD_ERROR_FIELD_NUMBER: _ClassVar[int]
     LOST_REPLICA_FIELD_NUMBER: _ClassVar[int]
+    REWARD_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FOR_REWARD_FIELD_NUMBER: _ClassVar[int]
     generated: int
     scored: int
     trained: int
     discarded_stale: int
     excluded_reward_error: int
     lost_replica: int
-    def __init__(self, generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., discarded_stale: _Optional[int] = ..., excluded_reward_error: _Optional[int] = ..., lost_replica: _Optional[int] = ...) -> None: ...
+    reward_retries: int
+    waiting_for_reward: int
+    def __init__(self, generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., discarded_stale: _Optional[int] = ..., excluded_reward_error: _Optional[int] = ..., lost_replica: _Optional[int] = ..., reward_retries: _Optional[int] = ..., waiting_for_reward: _Optional[int] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("phase", "step", "total_steps", "policy_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max", "samples_per_second", "rollout", "trainer", "reward", "samples", "checkpoint", "message", "elapsed_seconds")
+    __slots__ = ("phase", "step", "total_steps", "policy_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max", "samples_per_second", "rollout", "trainer", "reward", "samples", "checkpoint", "message", "elapsed_seconds", "reward_wait_reason")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +72,7 @@ class JobStatus(_message.Message):
     CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_WAIT_REASON_FIELD_NUMBER: _ClassVar[int]
     phase: RunPhase
     step: int
     total_steps: int
@@ -84,7 +89,8 @@ class JobStatus(_message.Message):
     checkpoint: str
     message: str
     elapsed_seconds: float
-    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., rollout: _Optional[_Union[PoolStatus, _Mapping]] = ..., trainer: _Optional[_Union[PoolStatus, _Mapping]] = ..., reward: _Optional[_Union[PoolStatus, _Mapping]] = ..., samples: _Optional[_Union[SampleCounts, _Mapping]] = ..., checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ...) -> None: ...
+    reward_wait_reason: str
+    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., rollout: _Optional[_Union[PoolStatus, _Mapping]] = ..., trainer: _Optional[_Union[PoolStatus, _Mapping]] = ..., reward: _Optional[_Union[PoolStatus, _Mapping]] = ..., samples: _Optional[_Union[SampleCounts, _Mapping]] = ..., checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ..., reward_wait_reason: _Optional[str] = ...) -> None: ...
 
 class GetJobStatusRequest(_message.Message):
     __slots__ = ()
