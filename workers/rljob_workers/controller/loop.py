@@ -88,8 +88,8 @@ class StepReport:
     elapsed_seconds: float
     counts: Counts
     checkpoint: str | None = None
-    # The batch's slowest group, from dispatch to its last score: with maxStaleness > 0 a step
-    # cannot take less than this ÷ maxStaleness without the trainer waiting (see the reward_pipeline benchmark).
+    # The batch's slowest group, from dispatch to its last score. maxStaleness + 1 steps take at
+    # least this plus a train step, or the trainer waits (the reward_pipeline benchmark's latency bound).
     group_latency_max: float = 0.0
 
 
