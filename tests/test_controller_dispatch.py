@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -280,6 +281,19 @@ def test_samples_waiting_for_reward_show_in_the_status_snapshot():
     console = Console(record=True, width=200)
     console.print(status_table("job", waiting_status[-1]))
     assert "sample(s) for reward: remote reward 'judge'" in console.export_text()
+
+
+def test_on_error_wait_gives_up_after_wait_timeout_seconds():
+    log = Log()
+    never_back = DownForAWhile(log, down=10**9)
+    controller = make_controller(
+        log, "sample", 1, 3, 2, 4, never_back, onError="wait", retries=0, waitTimeoutSeconds=0.3
+    )
+    started = time.monotonic()
+    with pytest.raises(RunFailed, match=r"circuit breaker open \(waited \d+\.\ds, over waitTimeoutSeconds 0.3\)"):
+        asyncio.run(asyncio.wait_for(controller.run(), 30))
+    # Backoff doubles from 50 ms: the limit is noticed at the first retry after it, well within a second.
+    assert time.monotonic() - started < 5
 
 
 def test_on_error_exclude_counts_and_fail_names_the_sample():

@@ -220,6 +220,14 @@ class RewardSpec(Placement):
             "Degraded condition is True with reason WaitingForReward, naming the newest reward error."
         ),
     )
+    wait_timeout_seconds: float | None = Field(
+        None,
+        description=(
+            "With onError: wait, the longest one sample may wait for reward; past it the job fails naming "
+            "the sample and the error. Unset: wait as long as it takes."
+        ),
+        gt=0,
+    )
     max_in_flight_per_replica: int = Field(64, description="Samples in flight on one reward replica.", ge=1, le=65536)
     dispatch: RewardDispatch = Field(
         "sample",
@@ -242,11 +250,21 @@ class RewardSpec(Placement):
             raise FieldRuleError("", "every function is judgeOnly; at least one must score the samples")
         return value
 
+    @model_validator(mode="after")
+    def _wait_timeout_needs_wait(self) -> RewardSpec:
+        if self.wait_timeout_seconds is not None and self.on_error != "wait":
+            raise FieldRuleError("waitTimeoutSeconds", f"applies only with onError: wait, not {self.on_error}")
+        return self
+
     model_config = {
         "json_schema_extra": cel_rules(
             cel(
                 "self.functions.exists(f, !f.judgeOnly)",
                 "every function is judgeOnly; at least one must score the samples",
-            )
+            ),
+            cel(
+                "!has(self.waitTimeoutSeconds) || self.onError == 'wait'",
+                "waitTimeoutSeconds applies only with onError: wait",
+            ),
         )
     }

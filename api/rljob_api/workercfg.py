@@ -87,6 +87,7 @@ class ControllerConfig(Model):
     reward_timeout_seconds: float
     reward_retries: int
     reward_on_error: Literal["fail", "exclude", "wait"]
+    reward_wait_timeout: float | None  # seconds one sample may wait under onError: wait; None: no limit
     reward_max_in_flight: int
     reward_dispatch: RewardDispatch
     weight_sync: WeightSyncSpec
@@ -148,6 +149,7 @@ def derive_worker_configs(job: RLJob) -> WorkerConfigs:
             reward_timeout_seconds=spec.reward.timeout_seconds,
             reward_retries=spec.reward.retries,
             reward_on_error=spec.reward.on_error,
+            reward_wait_timeout=spec.reward.wait_timeout_seconds,
             reward_max_in_flight=spec.reward.max_in_flight_per_replica,
             reward_dispatch=spec.reward.dispatch,
             weight_sync=spec.weight_sync,

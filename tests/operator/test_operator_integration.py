@@ -191,6 +191,11 @@ def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str
             "spec.rollout.sampling.temperature",
             "greater than 0",
         ),
+        (
+            {"reward": {**ARITHMETIC["spec"]["reward"], "onError": "fail", "waitTimeoutSeconds": 30}},
+            "spec.reward",
+            "waitTimeoutSeconds applies only with onError: wait",
+        ),
     ],
     ids=[
         "reward-min-gt-max",
@@ -201,6 +206,7 @@ def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str
         "judge-only-rule",
         "only-judges",
         "greedy-rollout",
+        "wait-timeout-without-wait",
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(
@@ -220,6 +226,13 @@ def test_a_greedy_judge_only_genrm_is_accepted(cluster: Cluster, crd: str, ns: s
     stored = json.loads(out.stdout)["spec"]["reward"]["functions"]
     assert [f.get("judgeOnly") for f in stored] == [False, True], "the API server fills in judgeOnly's default"
     assert stored[1]["genrm"]["sampling"]["temperature"] == 0
+
+
+def test_a_wait_timeout_with_on_error_wait_is_accepted(cluster: Cluster, crd: str, ns: str) -> None:
+    reward = {**ARITHMETIC["spec"]["reward"], "onError": "wait", "waitTimeoutSeconds": 600}
+    out = cluster.apply(rljob("patient", ns, reward=reward), "--dry-run=server", "-o", "json", check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["spec"]["reward"]["waitTimeoutSeconds"] == 600
 
 
 def test_immutable_fields_are_refused_on_update(cluster: Cluster, crd: str, ns: str) -> None:

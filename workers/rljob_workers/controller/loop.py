@@ -343,6 +343,8 @@ class Controller:
         )
         policy = self.config.reward_on_error
         attempt = 0
+        waiting_since: float | None = None
+        waited_out = ""
         while True:
             result = await self.scorer.score(request)
             if not result.HasField("error"):
@@ -359,8 +361,13 @@ class Controller:
             if not (retry or wait):
                 break
             if not retry:
-                if sample.sample_id not in self._waiting:
+                if waiting_since is None:
+                    waiting_since = time.monotonic()
                     log.warning("waiting for reward (onError: wait): %s", result.error.message)
+                limit = self.config.reward_wait_timeout
+                if limit is not None and time.monotonic() - waiting_since > limit:
+                    waited_out = f" (waited {time.monotonic() - waiting_since:.1f}s, over waitTimeoutSeconds {limit:g})"
+                    break
                 self._waiting.add(sample.sample_id)
                 self._wait_reason = result.error.message
             self.counts.reward_retries += 1
@@ -372,6 +379,7 @@ class Controller:
         detail = error.message
         if sample.sample_id not in detail:  # servers in other languages may not name the sample
             detail = f"sample {sample.sample_id}: reward function {error.function or '?'} failed: {detail}"
+        detail += waited_out
         if policy in ("fail", "wait"):
             self._fail(detail)
             return
