@@ -14,6 +14,7 @@ from .pools import Engine, JudgeSamplingSpec
 RewardKind = Literal["rule", "remote", "disrm", "genrm"]
 MODEL_KINDS = ("disrm", "genrm")  # the kinds a rule's `judge` can call
 RewardDispatch = Literal["sample", "group", "batch"]
+OnError = Literal["fail", "exclude", "wait"]
 FUNCTION_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
@@ -156,7 +157,7 @@ class RewardFunction(Model):
                 for k in ("rule", "remote", "disrm", "genrm")
             ),
             cel(
-                "!self.judgeOnly || self.kind in ['disrm', 'genrm']",
+                f"!self.judgeOnly || self.kind in {list(MODEL_KINDS)}",
                 "judgeOnly is only for disrm and genrm functions",
             ),
         )
@@ -211,7 +212,7 @@ class RewardSpec(Placement):
         ge=0,
         le=100,
     )
-    on_error: Literal["fail", "exclude", "wait"] = Field(
+    on_error: OnError = Field(
         "fail",
         description=(
             "After retries: fail the job naming the sample; exclude the sample from training and count it; "

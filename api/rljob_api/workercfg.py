@@ -13,7 +13,7 @@ from pydantic import Field
 
 from .base import Model
 from .pools import Engine, SamplingSpec
-from .reward import ReplicaRange, RewardDispatch, RewardFunction, ScalingSpec
+from .reward import OnError, ReplicaRange, RewardDispatch, RewardFunction, ScalingSpec
 from .spec import AlgorithmSpec, CheckpointSpec, DataSpec, RLJob, WeightSyncSpec
 
 Pool = Literal["rollout", "trainer", "reward"]
@@ -86,7 +86,7 @@ class ControllerConfig(Model):
     reward_scaling: ScalingSpec
     reward_timeout_seconds: float
     reward_retries: int
-    reward_on_error: Literal["fail", "exclude", "wait"]
+    reward_on_error: OnError
     reward_wait_timeout: float | None  # seconds one sample may wait under onError: wait; None: no limit
     reward_max_in_flight: int
     reward_dispatch: RewardDispatch

@@ -364,9 +364,9 @@ class Controller:
                 if waiting_since is None:
                     waiting_since = time.monotonic()
                     log.warning("waiting for reward (onError: wait): %s", result.error.message)
-                limit = self.config.reward_wait_timeout
-                if limit is not None and time.monotonic() - waiting_since > limit:
-                    waited_out = f" (waited {time.monotonic() - waiting_since:.1f}s, over waitTimeoutSeconds {limit:g})"
+                waited, limit = time.monotonic() - waiting_since, self.config.reward_wait_timeout
+                if limit is not None and waited > limit:
+                    waited_out = f" (waited {waited:.1f}s, over waitTimeoutSeconds {limit:g})"
                     break
                 self._waiting.add(sample.sample_id)
                 self._wait_reason = result.error.message
