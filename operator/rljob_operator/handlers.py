@@ -22,7 +22,7 @@ from rljob_api import GROUP, PLURAL, VERSION, RLJobInvalid
 from .config import OperatorConfig
 from .control import ControlClients
 from .informer import Children
-from .kube import Kube, describe, load_api_client
+from .kube import Kube, describe, load_api_client, urgent_workers
 from .metrics import OperatorMetrics
 from .reconciler import Context, ensure_children, invalid_message, parse_job, post, refresh
 
@@ -45,7 +45,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf
     if config.metrics_port:
         port = metrics.serve(config.metrics_port, config.metrics_host)
         logger.info(f"metrics on {config.metrics_host}:{port}/metrics")
-    api = load_api_client(config.concurrency)
+    # One pooled connection per thread that may hold one: Kube's two lanes and the informers' watches.
+    api = load_api_client(config.concurrency + urgent_workers(config.concurrency) + Children.watches(config.namespaces))
     ctx = Context(
         config=config,
         kube=Kube(api, workers=config.concurrency),
@@ -120,32 +121,39 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: 
             if exc.status in (400, 422):  # the API refuses the child as rendered: retrying will not help
                 raise kopf.PermanentError(f"a child was refused: {describe(exc)}") from exc
             raise kopf.TemporaryError(f"applying children: {describe(exc)}", delay=10) from exc
-        await refresh(ctx, job, body)
-        logger.info(f"children applied; phase {ctx.last[(job.metadata.namespace, job.metadata.name)].phase}")
+        refreshed = await refresh(ctx, job, body)
+        logger.info(f"children applied; phase {refreshed.phase}" if refreshed else "the RLJob was deleted meanwhile")
+
+
+async def poll_job(ctx: Context, key: tuple[str, str], body: dict[str, Any], full: bool) -> None:
+    """Refresh one RLJob (`full`: poll its controller too); a failure is logged, counted and retried
+    by the next poll. A job deleted meanwhile is not a failure, and leaves nothing remembered."""
+    if (body.get("metadata") or {}).get("deletionTimestamp"):
+        return
+    try:
+        job = parse_job(body)
+    except RLJobInvalid:
+        return  # the reconcile handler reported it
+    try:
+        with ctx.metrics.reconcile("poll" if full else "refresh"):
+            await refresh(ctx, job, body, poll_controller=full)
+    except ApiException as exc:
+        log.warning("refreshing %s/%s: %s", *key, describe(exc))
+    except Exception:
+        log.exception("refreshing %s/%s", *key)
+    if key not in ctx.jobs:  # its DELETED event came while it was refreshed: undo what the refresh kept
+        await ctx.forget(key, job)
 
 
 async def poll_forever(ctx: Context) -> None:
     """Refresh every known RLJob each interval (polling its controller), and a job whose children changed
-    as soon as the informers say so; `concurrency` at a time; a failure is logged and retried."""
+    as soon as the informers say so; `concurrency` at a time."""
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(ctx.config.concurrency)
 
     async def poll(key: tuple[str, str], body: dict[str, Any], full: bool) -> None:
-        if (body.get("metadata") or {}).get("deletionTimestamp"):
-            return
-        try:
-            job = parse_job(body)
-        except RLJobInvalid:
-            return  # the reconcile handler reported it
         async with gate:
-            try:
-                with ctx.metrics.reconcile("poll" if full else "refresh"):
-                    await refresh(ctx, job, body, poll_controller=full)
-            except ApiException as exc:
-                if exc.status != 404:  # 404: deleted meanwhile
-                    log.warning("refreshing %s/%s: %s", *key, describe(exc))
-            except Exception:
-                log.exception("refreshing %s/%s", *key)
+            await poll_job(ctx, key, body, full)
 
     next_full = loop.time()
     while True:

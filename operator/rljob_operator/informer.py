@@ -155,10 +155,15 @@ def _lines(response: Any) -> Iterator[dict[str, Any]]:
 class Children:
     """The three informers an operator needs."""
 
+    KINDS = ("RayCluster", "Job", "Pod")
+
+    @classmethod
+    def watches(cls, namespaces: tuple[str, ...]) -> int:
+        """Watch connections held at once: one per kind and namespace (one per kind for all)."""
+        return len(cls.KINDS) * max(1, len(namespaces))
+
     def __init__(self, api: client.ApiClient, namespaces: tuple[str, ...], on_change: Callable[[Key], None]) -> None:
-        self.ray_clusters = Informer(api, "RayCluster", namespaces, on_change)
-        self.jobs = Informer(api, "Job", namespaces, on_change)
-        self.pods = Informer(api, "Pod", namespaces, on_change)
+        self.ray_clusters, self.jobs, self.pods = (Informer(api, kind, namespaces, on_change) for kind in self.KINDS)
         self.all = (self.ray_clusters, self.jobs, self.pods)
 
     def start(self) -> None:

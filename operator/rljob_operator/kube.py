@@ -69,6 +69,11 @@ def path(kind: str, namespace: str, name: str | None = None, subresource: str | 
     return out
 
 
+def urgent_workers(workers: int) -> int:
+    """The threads of Kube's urgent lane, beside its `workers`."""
+    return max(2, workers // 4)
+
+
 class Kube:
     """Async wrappers over the synchronous client, run on a thread pool of `workers` threads."""
 
@@ -77,7 +82,7 @@ class Kube:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kube")
         # A lane of its own for what users wait on (a new job's pools), so it never queues behind
         # status patches and the other children of a burst of jobs.
-        self.urgent = ThreadPoolExecutor(max_workers=max(2, workers // 4), thread_name_prefix="kube-urgent")
+        self.urgent = ThreadPoolExecutor(max_workers=urgent_workers(workers), thread_name_prefix="kube-urgent")
 
     def _request(self, method: str, url: str, body: Any = None, content_type: str = "application/json") -> Any:
         headers = {"Accept": "application/json", "Content-Type": content_type}
@@ -128,10 +133,17 @@ class Kube:
                 return False
             raise
 
-    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """Merge-patch the RLJob's status subresource (None values remove fields)."""
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> bool:
+        """Merge-patch the RLJob's status subresource (None values remove fields); False if the RLJob
+        is gone (deleted while it was being refreshed: there is no finalizer to hold it)."""
         url = path("RLJob", namespace, name, "status")
-        await self._call("PATCH", url, {"status": status}, "application/merge-patch+json")
+        try:
+            await self._call("PATCH", url, {"status": status}, "application/merge-patch+json")
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
 
     async def post_event(self, involved: dict[str, Any], kind: str, reason: str, message: str) -> None:
         """A core/v1 Event about `involved` (an RLJob reference), as `kubectl describe` shows it."""

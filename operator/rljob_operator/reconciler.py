@@ -193,10 +193,13 @@ async def scale_reward(
     return replace(observed, reward_replicas=decision.replicas, reward_workers_to_delete=decision.workers_to_delete)
 
 
-async def refresh(ctx: Context, job: RLJob, body: Mapping[str, Any], *, poll_controller: bool = True) -> RLJobStatus:
+async def refresh(
+    ctx: Context, job: RLJob, body: Mapping[str, Any], *, poll_controller: bool = True
+) -> RLJobStatus | None:
     """Observe, scale, release, and write status (only when it changed). Serialised per job.
 
     `poll_controller` False (a child changed) reuses the controller's last snapshot and does not scale.
+    None: the RLJob was deleted meanwhile; nothing is remembered or announced for it.
     """
     key = (job.metadata.namespace, job.metadata.name)
     async with ctx.lock(key):
@@ -230,8 +233,9 @@ async def refresh(ctx: Context, job: RLJob, body: Mapping[str, Any], *, poll_con
             previous=previous,
         )
         wire = status.model_dump(by_alias=True, mode="json")
-        if previous is None or previous.model_dump(by_alias=True, mode="json") != wire:
-            await ctx.kube.patch_status(job.metadata.namespace, job.metadata.name, wire)
+        changed = previous is None or previous.model_dump(by_alias=True, mode="json") != wire
+        if changed and not await ctx.kube.patch_status(job.metadata.namespace, job.metadata.name, wire):
+            return None
         ctx.last[key] = status
         await announce(ctx, body, previous, status)
         ctx.metrics.observe_job(key, status, snapshot)

@@ -14,6 +14,7 @@ regenerated one before committing it).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import os
@@ -24,6 +25,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import kubernetes
+import prometheus_client
 import pytest
 import yaml
 from e2e_cluster import (
@@ -42,6 +45,12 @@ from e2e_cluster import (
 )
 
 from rljob.v1 import control_service_pb2 as control_pb
+from rljob_operator.config import OperatorConfig
+from rljob_operator.control import ControlClients
+from rljob_operator.handlers import poll_job
+from rljob_operator.kube import Kube
+from rljob_operator.metrics import OperatorMetrics
+from rljob_operator.reconciler import Context, parse_job
 
 pytestmark = skip_without_binaries()
 ARITHMETIC = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
@@ -400,6 +409,58 @@ def test_delete_removes_every_child(cluster: Cluster, operator: OperatorProcess,
         ),
         timeout=90,
     )
+
+
+def with_status(body: dict[str, Any] | None) -> dict[str, Any] | None:
+    return body if body and body.get("status") else None
+
+
+def test_a_job_deleted_while_polled_leaves_no_error_and_nothing_remembered(cluster: Cluster, crd: str, ns: str) -> None:
+    """The race behind a flaky scale run: the poller took an RLJob's body, then the RLJob was deleted
+    (there is no finalizer to hold it). Played in process, in order, against the real API server."""
+    cluster.apply(rljob("vanish", ns))
+    key = (ns, "vanish")
+
+    async def play() -> tuple[OperatorMetrics, Context, Context]:
+        kube = Kube(kubernetes.config.new_client_from_config(config_file=cluster.env["KUBECONFIG"]), workers=2)
+        metrics = OperatorMetrics()
+
+        def context() -> Context:
+            return Context(config=OperatorConfig(), kube=kube, control=ControlClients(0.5), metrics=metrics)
+
+        # 1. Deleted before its status patch: the patch finds no RLJob (404).
+        body = wait_for("the RLJob", lambda: cluster.get("rljob", "vanish", ns))
+        body.pop("status", None)  # no status yet: the refresh patches one
+        cluster.kubectl("delete", "rljob", "vanish", "-n", ns, "--wait=true")
+        patched = context()
+        patched.jobs[key] = body
+        await poll_job(patched, key, body, full=True)
+
+        # 2. Its DELETED event arrives while a refresh is under way, between its API reads and its
+        # bookkeeping: what the refresh then keeps of the job must not outlive it.
+        cluster.apply(rljob("vanish", ns))
+        body = wait_for("the RLJob again", lambda: cluster.get("rljob", "vanish", ns))
+        raced = context()
+        raced.jobs[key] = body
+        await poll_job(raced, key, body, full=True)  # writes a status; the body below carries it
+        body = wait_for("its status", lambda: with_status(cluster.get("rljob", "vanish", ns)))
+        raced.jobs[key] = body
+        polling = asyncio.create_task(poll_job(raced, key, body, full=True))
+        await asyncio.sleep(0)  # the refresh is now waiting on the API server
+        await raced.forget(key, parse_job(body))  # what the `remember` handler does on DELETED
+        await polling
+        cluster.kubectl("delete", "rljob", "vanish", "-n", ns, "--wait=true")
+        kube.close()
+        return metrics, patched, raced
+
+    metrics, patched, raced = asyncio.run(play())
+    text = prometheus_client.generate_latest(metrics.registry).decode()
+    assert 'rljob_operator_reconciles_total{handler="poll",result="ok"} 3.0' in text, text
+    assert "rljob_operator_errors_total{" not in text, text
+    for ctx in (patched, raced):
+        assert key not in ctx.last and key not in ctx.snapshots, (ctx.last, ctx.snapshots)
+    assert 'rljob="vanish"' not in text, text  # no job series left behind
+    assert 'rljob_operator_jobs{phase="Pending"} 0.0' in text, text
 
 
 def test_operator_restart_mid_reconcile_creates_no_duplicates(
