@@ -225,6 +225,14 @@ def test_a_genrm_judge_may_decode_greedily_but_rollout_may_not(example_doc):
     assert [str(e) for e in info.value.errors] == ["spec.rollout.sampling.temperature: Input should be greater than 0"]
 
 
+def test_a_genrm_judge_decodes_greedily_unless_told_otherwise(example_doc):
+    doc = copy.deepcopy(example_doc)
+    unset = {**GREEDY_JUDGE, "genrm": {k: v for k, v in GREEDY_JUDGE["genrm"].items() if k != "sampling"}}
+    doc["spec"]["reward"]["functions"] = [JUDGED_RULE, unset, {**_judge(0.7), "name": "warm"}]
+    judges = [f.genrm for f in parse_rljob(doc).spec.reward.functions[1:]]
+    assert [j.sampling.temperature for j in judges if j] == [0.0, 0.7]
+
+
 def test_crd_lets_only_a_judge_decode_greedily():
     spec = openapi_schema()["properties"]["spec"]["properties"]
     rollout = spec["rollout"]["properties"]["sampling"]["properties"]["temperature"]
@@ -232,6 +240,7 @@ def test_crd_lets_only_a_judge_decode_greedily():
     function = spec["reward"]["properties"]["functions"]["items"]
     judge = function["properties"]["genrm"]["properties"]["sampling"]["properties"]["temperature"]
     assert (judge["minimum"], judge.get("exclusiveMinimum")) == (0, None), "a judge may decode greedily"
+    assert (judge["default"], rollout["default"]) == (0.0, 1.0), "a judge decodes greedily by default"
 
 
 def test_judge_only_defaults_to_false_and_is_parsed(example_doc):

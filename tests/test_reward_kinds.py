@@ -699,11 +699,11 @@ def test_judge_only_config_errors_name_the_function(functions: list[tuple[str, s
     assert says in str(info.value)
 
 
-def test_genrm_at_temperature_0_decodes_greedily(tmp_path: Path) -> None:
+def test_genrm_decodes_greedily_by_default(tmp_path: Path) -> None:
     unsure = scripted_judge(tmp_path / "unsure", {":": "7"}, unsure_after=":")  # "7" is likeliest, yet rarely drawn
 
     async def go() -> None:
-        async with function_set(genrm("g", unsure, sampling={"temperature": 0, "maxNewTokens": 2})) as fs:
+        async with function_set(genrm("g", unsure, sampling={"maxNewTokens": 2})) as fs:  # temperature: default
             one_by_one = [await fs.score(sample(f"p/{i}", answer="42")) for i in range(4)]
             batched = await asyncio.gather(*(fs.score(sample(f"q/{i}", answer="42")) for i in range(4)))
             assert [dict(s.components) for s in [*one_by_one, *batched]] == [{"g": 7.0}] * 8

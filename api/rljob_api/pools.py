@@ -35,7 +35,11 @@ class SamplingSpec(_Sampling):
 
 
 class JudgeSamplingSpec(_Sampling):
-    """How a generative judge samples its answer; temperature 0, greedy decoding, is the usual choice."""
+    """How a generative judge samples its answer: greedily unless told otherwise, so a score is not luck."""
+
+    temperature: float = Field(
+        0.0, description="Softmax temperature; 0, the default, decodes greedily (the same answer every time).", ge=0
+    )
 
 
 class RolloutSpec(Placement):

@@ -104,7 +104,7 @@ class GenRMReward(Model):
         None, description="With scoreParser regex: its first group is the score.", max_length=1024
     )
     sampling: JudgeSamplingSpec = Field(
-        default_factory=JudgeSamplingSpec, description="Judge sampling; temperature 0 decodes greedily."
+        default_factory=JudgeSamplingSpec, description="Judge sampling; greedy (temperature 0) by default."
     )
 
     @model_validator(mode="after")

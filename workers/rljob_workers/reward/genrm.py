@@ -9,7 +9,7 @@ judge's chat format into the template). Parsers:
 - ``yes-no``: the first word ``yes`` (1.0) or ``no`` (0.0), any case;
 - ``regex``: ``scorePattern``'s first group (the whole match if it has none) read as a number.
 
-Sampling is the function's ``sampling``. Temperature 0, the usual choice for a judge, decodes
+Sampling is the function's ``sampling``. Temperature 0, the default for a judge, decodes
 greedily on every engine (the hf engine turns sampling off, vllm and sglang read temperature 0 as
 greedy), so the judgement does not depend on a random draw; rollout alone must sample.
 

@@ -13,7 +13,7 @@ Use one in an RLJob next to the model it calls, e.g.::
           modelPath: /models/judge
           promptTemplate: "..."
           scoreParser: yes-no
-          sampling: {temperature: 0, maxNewTokens: 4}   # greedy: the same answer every time
+          sampling: {maxNewTokens: 4}   # greedy (temperature 0) by default: the same answer every time
 """
 
 from __future__ import annotations
