@@ -7,6 +7,7 @@ never blocks.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import socket
 from concurrent.futures import ThreadPoolExecutor
@@ -16,6 +17,7 @@ from urllib.parse import urlencode
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from kubernetes.utils.retry import DEFAULT_RETRY_AFTER_BACKOFF, is_retry_after_response, on_retry_after_error
 
 from rljob_api import GROUP, PLURAL, VERSION
 
@@ -85,6 +87,13 @@ class Kube:
         self.urgent = ThreadPoolExecutor(max_workers=urgent_workers(workers), thread_name_prefix="kube-urgent")
 
     def _request(self, method: str, url: str, body: Any = None, content_type: str = "application/json") -> Any:
+        """One API call; sent again, whatever the verb, while the API server turns it away with a
+        Retry-After (429 Too Many Requests, or a 5xx such as "storage is (re)initializing"): it was
+        not processed. client-go's rest.Request does the same; the client does it for GETs only."""
+        send = functools.partial(self._send, method, url, body, content_type)
+        return on_retry_after_error(DEFAULT_RETRY_AFTER_BACKOFF, is_retry_after_response, send)
+
+    def _send(self, method: str, url: str, body: Any, content_type: str) -> Any:
         headers = {"Accept": "application/json", "Content-Type": content_type}
         self.api.update_params_for_auth(headers, None, ["BearerToken"], url, method, body)
         response = self.api.call_api(method, self.api.configuration.host + url, headers, body, _request_timeout=30)
