@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing as mp
+import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -215,6 +217,59 @@ def test_broadcast_to_two_processes_then_reform_without_one():
         assert stays.exitcode == 0
     finally:
         for process in (stays, leaves):
+            if process.is_alive():
+                process.kill()
+
+
+def _joins_then_dies(port: int, group_id: str, rank: int, world_size: int) -> None:
+    """A rollout replica killed just after joining: its process ends, and with it its connections."""
+    WeightGroup.create(group_id, "127.0.0.1", port, rank, world_size, "gloo", timeout=MEMBER_TIMEOUT)
+    os._exit(1)
+
+
+def _receives_or_fails(port: int, group_id: str, wire: list[bytes], results: mp.Queue) -> None:
+    """A surviving replica: reports how its receive ended and when."""
+    group = WeightGroup.create(group_id, "127.0.0.1", port, 1, 3, "gloo", timeout=MEMBER_TIMEOUT)
+    plans = [from_proto(pb.Bucket.FromString(b)) for b in wire]
+    try:
+        receive_broadcast(group, plans)
+        results.put(("received", time.monotonic()))
+    except RuntimeError as error:
+        results.put((f"failed: {error}", time.monotonic()))
+
+
+MEMBER_TIMEOUT = 60.0
+
+
+def test_a_member_lost_mid_broadcast_fails_the_publish_and_frees_the_others_at_once():
+    """A replica dies during a broadcast: the trainer's publish fails, and the replicas still
+    waiting for buckets it will never send must fail now, not after the group's timeout."""
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    store = host_store("127.0.0.1", timeout=30)
+    model = {f"layer{i}.weight": torch.randn(256, 256) for i in range(16)}  # 16 buckets of 256 KiB
+    plan_source = WeightPublisher(256 * 1024)
+    plan_source.publish(1, model.items())
+    wire = [to_proto(p).SerializeToString() for p in plan_source.plan]
+    stays = ctx.Process(target=_receives_or_fails, args=(store.port, "g", wire, results))
+    dies = ctx.Process(target=_joins_then_dies, args=(store.port, "g", 2, 3))
+    for process in (stays, dies):
+        process.start()
+    try:
+        group = WeightGroup.create("g", "127.0.0.1", store.port, 0, 3, "gloo", timeout=MEMBER_TIMEOUT, store=store)
+        dies.join(timeout=30)
+        publisher = WeightPublisher(256 * 1024)
+        with pytest.raises(RuntimeError):
+            publisher.publish(1, model.items(), group)
+        failed_at = time.monotonic()
+        assert publisher.latest_version == -1, "a version not delivered is not published"
+        outcome, at = results.get(timeout=MEMBER_TIMEOUT / 2)
+        assert outcome.startswith("failed"), outcome
+        assert at - failed_at < 10, f"the surviving replica waited {at - failed_at:.1f}s after the publish failed"
+        with pytest.raises(RuntimeError, match="closed"):
+            group.broadcast(torch.zeros(1))
+    finally:
+        for process in (stays, dies):
             if process.is_alive():
                 process.kill()
 

@@ -108,20 +108,20 @@ class WeightPublisher:
         plans = self._check_plan(tensors)
         buffers = self._take_spare()
         buckets, pending = [], []
-        with torch.no_grad():
+        with _closed_on_failure(group), torch.no_grad():
             for i, plan in enumerate(plans):
                 buckets.append(pack(plan, tensors, None if buffers is None else buffers[i], self.device))
                 if group is not None:
                     pending.append(group.broadcast_async(buckets[-1]))
-        for work in pending:
-            work.wait()
+            for work in pending:
+                work.wait()
         snapshot = Snapshot(version, plans, tuple(buckets))
         with self._lock:
             self._latest, self._spare = snapshot, self._latest
 
     def broadcast(self, group: WeightGroup) -> int:
         """Broadcast every bucket of the newest version from rank 0, in plan order; returns the version."""
-        with self.acquire() as snapshot:
+        with self.acquire() as snapshot, _closed_on_failure(group):
             for bucket in snapshot.buckets:
                 group.broadcast(bucket)
             return snapshot.version
@@ -265,3 +265,16 @@ def _add_to_server(servicer: WeightServicer, server: grpc.aio.Server) -> None:
 
 def _serialized(message: bytes | wpb.FetchWeightsResponse) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+@contextmanager
+def _closed_on_failure(group: WeightGroup | None) -> Iterator[None]:
+    """Close `group` if the broadcast fails. A member lost mid-broadcast fails the root's send, but
+    the other members wait for buckets that will never come until the group's timeout (minutes);
+    closing the root's connections fails their receives at once, so the group can be re-formed."""
+    try:
+        yield
+    except BaseException:
+        if group is not None:
+            group.close()
+        raise
