@@ -19,6 +19,10 @@ from .trainer.policy import TrainSample
 
 log = logging.getLogger(__name__)
 
+# How long a replica may take to stop cleanly before it is killed: a replica wedged in a collective
+# or an engine must not hold up the run's end or a scale-down.
+STOP_GRACE_SECONDS = 30.0
+
 
 def init_local_ray(configs: WorkerConfigs, rollout_cpus: float, reward_cpus: float, trainer_cpus: float) -> None:
     """A local Ray cluster on 127.0.0.1 advertising enough of each pool's resource for the job."""
@@ -151,9 +155,12 @@ class ActorPool:
         """Stop a replica; returns what names it to the operator (its pod on a cluster, else the replica)."""
         actor = self.actors.pop(name)
         self.addresses.pop(name, None)
+        pod = None
         try:
             pod = await actor.pod_name.remote()
-            await actor.stop.remote()
+            await asyncio.wait_for(actor.stop.remote(), STOP_GRACE_SECONDS)
+        except asyncio.TimeoutError:
+            log.warning("%s did not stop within %gs; killed", name, STOP_GRACE_SECONDS)
         finally:
             ray.kill(actor)
         return str(pod or name)

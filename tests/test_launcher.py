@@ -1,0 +1,62 @@
+"""The Ray side of the pools: a replica that will not stop cleanly is killed, on a real local Ray."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+import ray
+
+from rljob_api.workercfg import pool_resource
+from rljob_workers import launcher
+from rljob_workers.launcher import ActorPool
+
+pytestmark = pytest.mark.ray
+
+
+class WedgedReplica:
+    """Starts and names itself, but its graceful stop never ends (a thread stuck in a collective)."""
+
+    def __init__(self, config_json: str, cpus: float, index: int) -> None:
+        self.index = index
+
+    async def start(self) -> str:
+        return f"127.0.0.1:{50000 + self.index}"
+
+    async def pod_name(self) -> str:
+        return ""
+
+    async def stop(self) -> None:
+        await asyncio.sleep(3600)
+
+    def ping(self) -> int:
+        return self.index
+
+
+@pytest.fixture
+def local_ray() -> Iterator[None]:
+    ray.init(address="local", num_cpus=2, resources={pool_resource("reward"): 2}, include_dashboard=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def test_a_replica_that_does_not_stop_in_its_grace_period_is_killed(local_ray, monkeypatch):
+    monkeypatch.setattr(launcher, "STOP_GRACE_SECONDS", 1.0)
+    pool = ActorPool("reward", ray.remote(WedgedReplica), "{}", 0.1, 0)
+
+    async def go() -> tuple[str, float, object]:
+        name, _ = await pool.add()
+        actor = pool.actors[name]
+        started = time.monotonic()
+        named = await pool.stop(name)
+        return named, time.monotonic() - started, actor
+
+    named, seconds, actor = asyncio.run(go())
+    assert named == "reward-0" and pool.actors == {} and pool.addresses == {}
+    assert 1.0 <= seconds < 10, seconds
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(actor.ping.remote(), timeout=30)  # type: ignore[attr-defined]
