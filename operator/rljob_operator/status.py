@@ -98,9 +98,7 @@ def _progressing(phase: Phase, snapshot: control_pb.JobStatus | None, job: RLJob
     return "True", "Training", f"step {snapshot.step}/{total}, policy version {snapshot.policy_version}"
 
 
-def _degraded(
-    job: RLJob, observed: Observed, phase: Phase, message: str, snapshot: control_pb.JobStatus | None
-) -> tuple[str, str, str]:
+def _degraded(job: RLJob, observed: Observed, phase: Phase, message: str, waiting: str) -> tuple[str, str, str]:
     if phase == "Failed":
         return "True", "Failed", message
     if phase in ("Suspended", "Succeeded"):
@@ -124,7 +122,6 @@ def _degraded(
             "DriverRestarted",
             f"the driver failed {driver.failed_attempts} time(s); it resumes from the newest checkpoint",
         )
-    waiting = _waiting_for_reward(snapshot)
     if waiting:
         return "True", "WaitingForReward", waiting
     return "False", "AsExpected", ""
@@ -162,15 +159,16 @@ def _waiting_for_reward(snapshot: control_pb.JobStatus | None) -> str:
     return f"{count} sample(s) waiting for reward (onError: wait): {reason}"
 
 
-def _message(phase: Phase, observed: Observed, snapshot: control_pb.JobStatus | None, pools: PoolsStatus) -> str:
+def _message(
+    phase: Phase, observed: Observed, snapshot: control_pb.JobStatus | None, pools: PoolsStatus, waiting: str
+) -> str:
     if phase == "Failed":
         driver = observed.driver
         if snapshot is not None and snapshot.message:
             return snapshot.message
         return (driver.message if driver else "") or "the driver failed"
     sizes = ", ".join(f"{p} {getattr(pools, p).ready}/{getattr(pools, p).desired}" for p in POOLS)
-    waiting = _waiting_for_reward(snapshot) if phase == "Running" else ""
-    return f"{phase}: {sizes}" + (f"; {waiting}" if waiting else "")
+    return f"{phase}: {sizes}" + (f"; {waiting}" if waiting and phase == "Running" else "")
 
 
 def compute_status(
@@ -189,10 +187,11 @@ def compute_status(
     live = not job.spec.suspend and not (observed.driver is not None and observed.driver.finished)
     pools = _pools(job, observed, live=live)
     phase = _phase(job, observed, pools, snapshot)
-    message = _message(phase, observed, snapshot, pools)
+    waiting = _waiting_for_reward(snapshot)
+    message = _message(phase, observed, snapshot, pools, waiting)
     wanted = {READY_TYPE[p]: _pool_condition(p, getattr(pools, p), observed, phase) for p in POOLS}
     wanted["Progressing"] = _progressing(phase, snapshot, job)
-    wanted["Degraded"] = _degraded(job, observed, phase, message, snapshot)
+    wanted["Degraded"] = _degraded(job, observed, phase, message, waiting)
     prev = previous or RLJobStatus()
     status = RLJobStatus(
         phase=phase,

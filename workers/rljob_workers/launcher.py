@@ -155,7 +155,6 @@ class ActorPool:
         """Stop a replica; returns what names it to the operator (its pod on a cluster, else the replica)."""
         actor = self.actors.pop(name)
         self.addresses.pop(name, None)
-        pod = None
         try:
             pod = await actor.pod_name.remote()
             await asyncio.wait_for(actor.stop.remote(), STOP_GRACE_SECONDS)
