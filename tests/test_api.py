@@ -283,7 +283,7 @@ def test_validate_cli_exit_codes_and_message(tmp_path, example_doc):
     import yaml
 
     path.write_text(yaml.safe_dump(bad))
-    cli = [sys.executable, "-m", "rljob_workers.cli", "validate"]
+    cli = [sys.executable, "-m", "rljob_workers.driver.cli", "validate"]
     good = subprocess.run([*cli, str(REPO / "examples" / "arithmetic.yaml")], capture_output=True, text=True)
     assert good.returncode == 0, good.stderr
     refused = subprocess.run([*cli, str(path)], capture_output=True, text=True)

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from rljob_workers.controller.data import DataError, Prompt, PromptSource, load_prompts
-from rljob_workers.controller.groups import GroupTracker, Sample, dispatch_allowed, staleness
+from rljob_workers.driver.controller.data import DataError, Prompt, PromptSource, load_prompts
+from rljob_workers.driver.controller.groups import GroupTracker, Sample, dispatch_allowed, staleness
 
 
 def _source(n: int = 5, seed: int = 3) -> PromptSource:

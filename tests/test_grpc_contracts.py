@@ -17,7 +17,7 @@ from rljob.v1 import (
     sample_pb2,
     weight_service_pb2,
 )
-from rljob_workers.grpc_server import Service, channel, start_server
+from rljob_workers.common.grpc_server import Service, channel, start_server
 
 from conftest import REPO
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rljob_workers.controller.idle import BusyClock, IdleMeter
+from rljob_workers.driver.controller.idle import BusyClock, IdleMeter
 
 
 def test_idle_fraction_over_a_sliding_window():

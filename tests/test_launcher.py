@@ -10,8 +10,8 @@ import pytest
 import ray
 
 from rljob_api.workercfg import pool_resource
-from rljob_workers import launcher
-from rljob_workers.launcher import ActorPool
+from rljob_workers.driver import launcher
+from rljob_workers.driver.launcher import ActorPool
 
 pytestmark = pytest.mark.ray
 

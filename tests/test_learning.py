@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from rljob_api import parse_rljob
-from rljob_workers.local import prepare
-from rljob_workers.local_run import LocalRun
+from rljob_workers.driver.local_run import LocalRun
+from rljob_workers.driver.setup import prepare
 from rljob_workers.models.tiny import make_tiny_model
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 

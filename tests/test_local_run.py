@@ -21,9 +21,9 @@ import pytest
 import yaml
 
 from rljob_api import parse_rljob
-from rljob_workers.controller.loop import StepReport
-from rljob_workers.local import prepare
-from rljob_workers.local_run import LocalRun
+from rljob_workers.driver.controller.loop import StepReport
+from rljob_workers.driver.local_run import LocalRun
+from rljob_workers.driver.setup import prepare
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
 from conftest import REPO
@@ -139,7 +139,7 @@ def test_killed_run_resumes_at_its_checkpoint(assets, tmp_path):
     job_file = tmp_path / "job.yaml"
     job_file.write_text(yaml.safe_dump(doc))
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "rljob_workers.cli", "run", str(job_file), "--no-display", "--output", str(out)]
+    cmd = [sys.executable, "-m", "rljob_workers.driver.cli", "run", str(job_file), "--no-display", "--output", str(out)]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 180
     while len(_steps(out / "metrics.jsonl")) < 5 and time.monotonic() < deadline and proc.poll() is None:

@@ -17,18 +17,17 @@ import pytest
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_api.reward import RemoteReward, RewardFunction, RuleReward
 from rljob_api.workercfg import RewardWorkerConfig
-from rljob_workers.grpc_server import RunningServer, channel
+from rljob_workers.common.grpc_server import RunningServer, channel
+from rljob_workers.driver.reward_router import NoReplicaError, RewardRouter
 from rljob_workers.reward import (
-    NoReplicaError,
     RewardConfigError,
     RewardFunctionSet,
-    RewardRouter,
     RewardServicer,
     is_refusal,
     load_function,
     serve_reward,
 )
-from rljob_workers.reward.functions import WeightedFunction
+from rljob_workers.reward.callables import WeightedFunction
 from rljob_workers.reward.server import start_reward_server
 
 INVALID = sample_pb2.ERROR_CLASS_INVALID
@@ -325,7 +324,7 @@ class _AnswersTwice(reward_service_pb2_grpc.RewardServiceServicer):
 
 def test_router_drops_duplicate_answers_and_waits_for_a_replica() -> None:
     async def go() -> None:
-        from rljob_workers.grpc_server import Service, start_server
+        from rljob_workers.common.grpc_server import Service, start_server
 
         server = await start_server(
             [Service(reward_service_pb2_grpc.add_RewardServiceServicer_to_server, _AnswersTwice(), "x")]

@@ -22,7 +22,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassifi
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_api.reward import RewardFunction
 from rljob_api.workercfg import RewardWorkerConfig
-from rljob_workers.grpc_server import RunningServer, Service, start_server
+from rljob_workers.common.grpc_server import RunningServer, Service, start_server
 from rljob_workers.reward import RewardConfigError, RewardFunctionSet, serve_reward
 from rljob_workers.reward.breaker import Balancer, CircuitBreaker
 from rljob_workers.reward.disrm import DisRMScorer
@@ -732,7 +732,7 @@ def test_reward_server_metrics_backlog_latency_errors(rm_dir: Path) -> None:
         )
         running, servicer = await serve_reward(config, metrics_port=0)
         try:
-            from rljob_workers.reward import RewardRouter
+            from rljob_workers.driver.reward_router import RewardRouter
 
             router = RewardRouter()
             await router.add_replica("r0", f"127.0.0.1:{running.port}")

@@ -21,8 +21,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_api import parse_rljob
 from rljob_api.reward import RewardFunction
-from rljob_workers.grpc_server import channel
-from rljob_workers.reward import RewardFunctionSet, RewardRouter
+from rljob_workers.common.grpc_server import channel
+from rljob_workers.driver.reward_router import RewardRouter
+from rljob_workers.reward import RewardFunctionSet
 
 from conftest import REPO
 
@@ -140,8 +141,8 @@ def test_ts_server_as_a_remote_reward_with_a_bearer_token(built: Path, tmp_path:
 
 @pytest.mark.ray
 def test_short_rljob_with_a_remote_reward_on_the_ts_server(built: Path, tmp_path: Path) -> None:
-    from rljob_workers.local import prepare
-    from rljob_workers.local_run import LocalRun
+    from rljob_workers.driver.local_run import LocalRun
+    from rljob_workers.driver.setup import prepare
     from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
     from tiny_models import char_llama

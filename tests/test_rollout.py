@@ -20,8 +20,8 @@ from rljob.v1 import rollout_service_pb2 as pb
 from rljob.v1 import rollout_service_pb2_grpc as pb_grpc
 from rljob.v1 import sample_pb2
 from rljob_api.workercfg import RolloutWorkerConfig
-from rljob_workers.grpc_server import channel, start_server
-from rljob_workers.rollout.engine import (
+from rljob_workers.common.grpc_server import channel, start_server
+from rljob_workers.engines.base import (
     Engine,
     FinishedSample,
     FinishReason,
@@ -30,7 +30,7 @@ from rljob_workers.rollout.engine import (
     VersionGate,
     cut_at_stop,
 )
-from rljob_workers.rollout.hf_engine import HFEngine
+from rljob_workers.engines.hf import HFEngine
 from rljob_workers.rollout.server import SERVICE_NAME, serve_rollout
 from rljob_workers.weights import WeightGroup, WeightPublisher, host_store, to_proto, weight_service
 
@@ -449,8 +449,8 @@ def test_update_weights_by_broadcast_over_gloo(model_dir: Path) -> None:
 
 def test_heavy_engine_modules_import_without_their_packages() -> None:
     """Importing the adapters imports neither engine, and each adapter has every Engine member."""
-    from rljob_workers.rollout.sglang_engine import SGLangEngine
-    from rljob_workers.rollout.vllm_engine import VLLMEngine
+    from rljob_workers.engines.sglang import SGLangEngine
+    from rljob_workers.engines.vllm import VLLMEngine
 
     assert "vllm" not in sys.modules and "sglang" not in sys.modules
     for cls in (HFEngine, VLLMEngine, SGLangEngine):
@@ -466,7 +466,7 @@ def test_heavy_engine_logprobs_match_the_forward_pass(model_dir: Path, engine: s
     pytest.importorskip(engine, reason=f"{engine} is not installed (the optional extra rljob[{engine}])")
     if not torch.cuda.is_available():
         pytest.skip(f"{engine} needs a CUDA device")
-    from rljob_workers.rollout.engine import make_engine
+    from rljob_workers.engines import make_engine
 
     config = _config(model_dir).model_copy(update={"engine": engine, "gpus": 1, "dtype": "float32"})
 

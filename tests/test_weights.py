@@ -16,7 +16,7 @@ import torch
 from rljob.v1 import rollout_service_pb2 as pb
 from rljob.v1 import weight_service_pb2 as wpb
 from rljob.v1 import weight_service_pb2_grpc as wgrpc
-from rljob_workers.grpc_server import channel, start_server
+from rljob_workers.common.grpc_server import channel, start_server
 from rljob_workers.weights import (
     WeightGroup,
     WeightPublisher,

@@ -54,9 +54,9 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
 
 from rljob_api import parse_rljob  # noqa: E402
-from rljob_workers.controller.loop import StepReport  # noqa: E402
-from rljob_workers.local import prepare  # noqa: E402
-from rljob_workers.local_run import LocalRun  # noqa: E402
+from rljob_workers.driver.controller.loop import StepReport  # noqa: E402
+from rljob_workers.driver.local_run import LocalRun  # noqa: E402
+from rljob_workers.driver.setup import prepare  # noqa: E402
 
 MODEL = REPO / ".cache" / "models" / "tiny-arith"
 DATA = REPO / ".cache" / "data" / "arithmetic-train.jsonl"

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from rljob.v1 import rollout_service_pb2 as pb
-from rljob_workers.grpc_server import start_server
+from rljob_workers.common.grpc_server import start_server
 from rljob_workers.weights import (
     WeightGroup,
     WeightPublisher,

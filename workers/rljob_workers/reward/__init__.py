@@ -1,28 +1,25 @@
 """The reward pool: reward functions of four kinds (rule, remote, disrm, genrm), the RewardService server,
-the serve-a-function helper, the router and the replica's metrics.
+the serve-a-function helper and the replica's metrics. The driver's client of this pool, the router, lives in
+`rljob_workers.driver.reward_router`.
 
 disrm and genrm live in their own modules (`.disrm`, `.genrm`), imported only by a job that uses them.
 """
 
-from .base import RewardConfigError, SampleScorer, ScoreFailure
-from .functions import RewardFunctionSet, WeightedFunction, load_function
-from .metrics import RewardMetrics
-from .modelpool import Judge
-from .remote import RemoteScorer, token_path
-from .router import NoReplicaError, ReplicaUnavailableError, RewardRouter, RouterStats
-from .server import RewardServicer, is_refusal, serve_function, serve_reward, start_reward_server
+from rljob_workers.reward.base import RewardConfigError, SampleScorer, ScoreFailure
+from rljob_workers.reward.callables import WeightedFunction, load_function
+from rljob_workers.reward.functions import RewardFunctionSet
+from rljob_workers.reward.metrics import RewardMetrics
+from rljob_workers.reward.modelpool import Judge
+from rljob_workers.reward.remote import RemoteScorer, token_path
+from rljob_workers.reward.server import RewardServicer, is_refusal, serve_function, serve_reward, start_reward_server
 
 __all__ = [
     "Judge",
-    "NoReplicaError",
     "RemoteScorer",
-    "ReplicaUnavailableError",
     "RewardConfigError",
     "RewardFunctionSet",
     "RewardMetrics",
-    "RewardRouter",
     "RewardServicer",
-    "RouterStats",
     "SampleScorer",
     "ScoreFailure",
     "WeightedFunction",

@@ -15,10 +15,9 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from rljob.v1 import sample_pb2
 from rljob_api.reward import DisRMReward
-
-from ..rollout.hf_engine import resolve_dtype
-from .base import RewardConfigError
-from .batcher import DynamicBatcher
+from rljob_workers.common.device import resolve_dtype
+from rljob_workers.reward.base import RewardConfigError
+from rljob_workers.reward.batcher import DynamicBatcher
 
 
 class DisRMScorer:

@@ -26,30 +26,35 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import inspect
 import math
 import numbers
 import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rljob.v1 import sample_pb2
 from rljob_api.reward import RewardFunction
-
-from .base import FUNCTION, INVALID, TRANSIENT, RewardConfigError, SampleScorer, ScoreFailure
-from .metrics import RewardMetrics
+from rljob_workers.reward.base import FUNCTION, INVALID, TRANSIENT, RewardConfigError, SampleScorer, ScoreFailure
+from rljob_workers.reward.callables import RewardCallable, WeightedFunction, error_score, is_async
+from rljob_workers.reward.kinds import build_functions
+from rljob_workers.reward.metrics import RewardMetrics
 
 if TYPE_CHECKING:
-    from .modelpool import Judge
+    pass
 
-__all__ = ["FUNCTION", "INVALID", "TRANSIENT", "RewardConfigError", "RewardFunctionSet", "WeightedFunction"]
-
-# A reward function returns a number, or an awaitable of one.
-RewardCallable = Callable[..., Any]
+__all__ = [
+    "FUNCTION",
+    "INVALID",
+    "TRANSIENT",
+    "RewardConfigError",
+    "RewardFunctionSet",
+    "WeightedFunction",
+    "error_score",
+]
 
 # Keyword arguments the caller fills in itself; a data field with one of these names is dropped
 # (datasets commonly keep the prompt as a field too) instead of failing every call with a TypeError.
@@ -57,55 +62,6 @@ RESERVED_ARGS = frozenset({"prompt", "completion"})
 
 # Sync functions run in a thread pool so that one slow function does not stall the event loop.
 DEFAULT_MAX_WORKERS = 32
-
-_MISSING = object()
-
-
-def load_function(name: str, ref: str) -> RewardCallable:
-    """Import ``module.path:function``; errors name the reward function and the path."""
-    module_path, sep, attr = ref.partition(":")
-    if not sep or not module_path or not attr:
-        raise RewardConfigError(f"reward function {name!r}: {ref!r} is not of the form module.path:function")
-    try:
-        module = importlib.import_module(module_path)
-    except Exception as exc:  # any import-time failure of user code is a config error
-        raise RewardConfigError(
-            f"reward function {name!r}: cannot import module {module_path!r} of {ref!r}: {type(exc).__name__}: {exc}"
-        ) from exc
-    fn = getattr(module, attr, _MISSING)
-    if fn is _MISSING:
-        raise RewardConfigError(f"reward function {name!r}: module {module_path!r} has no attribute {attr!r} ({ref!r})")
-    if not callable(fn):
-        raise RewardConfigError(f"reward function {name!r}: {ref!r} is a {type(fn).__name__}, not a callable")
-    return fn  # type: ignore[no-any-return]
-
-
-def error_score(
-    sample_id: str, error_class: int, message: str, function: str = "", latency: float = 0.0
-) -> sample_pb2.SampleScore:
-    """A SampleScore that carries an error instead of a score."""
-    error = sample_pb2.ScoreError(error_class=error_class, message=message, function=function)  # type: ignore[arg-type]
-    return sample_pb2.SampleScore(sample_id=sample_id, error=error, latency_seconds=latency)
-
-
-def is_async(fn: RewardCallable) -> bool:
-    # Callable objects with an async __call__ count too.
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
-
-
-@dataclass(frozen=True)
-class WeightedFunction:
-    """One reward function, its name (in components and errors) and its weight in the sum.
-
-    `fn` is a rule's callable, or the SampleScorer of another kind; `judge` is given to a rule that takes one.
-    """
-
-    name: str
-    fn: RewardCallable | SampleScorer
-    weight: float = 1.0
-    kind: str = "rule"
-    judge: Judge | None = None
-    takes_sample: bool = False  # a rule that declares `sample` gets the RewardSample itself
 
 
 @dataclass(frozen=True)
@@ -181,8 +137,6 @@ class RewardFunctionSet:
         gpus: int = 0,
     ) -> RewardFunctionSet:
         """Build the job's functions of every kind (blocking: loads models); errors name the function."""
-        from .kinds import build_functions
-
         built = build_functions(functions, timeout_seconds, gpus=gpus)
         return cls(built.functions, timeout_seconds, max_workers=max_workers, judge_only=built.judge_only)
 

@@ -29,9 +29,9 @@ from typing import Literal
 from rljob.v1 import sample_pb2
 from rljob_api.reward import GenRMReward
 from rljob_api.workercfg import RolloutWorkerConfig
-
-from ..rollout.engine import Engine, PromptInput, SamplingConfig, make_engine
-from .base import FUNCTION, INVALID, RewardConfigError, ScoreFailure
+from rljob_workers.engines import make_engine
+from rljob_workers.engines.base import Engine, PromptInput, SamplingConfig
+from rljob_workers.reward.base import FUNCTION, INVALID, RewardConfigError, ScoreFailure
 
 Parser = Literal["number", "yes-no", "regex"]
 PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([A-Za-z_][\w-]*)\}")

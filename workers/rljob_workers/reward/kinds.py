@@ -14,14 +14,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from rljob_api.reward import MODEL_KINDS, RewardFunction
-
-from .base import RewardConfigError, SampleScorer
-from .functions import RewardCallable, WeightedFunction, is_async, load_function
-from .modelpool import Judge, declares, takes_judge
+from rljob_workers.reward.base import RewardConfigError, SampleScorer
+from rljob_workers.reward.callables import RewardCallable, WeightedFunction, is_async, load_function
+from rljob_workers.reward.modelpool import Judge, declares, takes_judge
 
 if TYPE_CHECKING:
-    from .disrm import DisRMScorer
-    from .genrm import GenRMScorer
+    from rljob_workers.reward.disrm import DisRMScorer
+    from rljob_workers.reward.genrm import GenRMScorer
 
 
 def model_device(gpus: int) -> str:
@@ -38,15 +37,15 @@ def model_device(gpus: int) -> str:
 def build_scorer(spec: RewardFunction, timeout_seconds: float, gpus: int) -> SampleScorer:
     """The scorer of one remote, disrm or genrm function (blocking: a model kind loads its model)."""
     if spec.kind == "remote" and spec.remote is not None:
-        from .remote import RemoteScorer
+        from rljob_workers.reward.remote import RemoteScorer
 
         return RemoteScorer(spec.name, spec.remote, timeout_seconds=timeout_seconds)
     if spec.kind == "disrm" and spec.disrm is not None:
-        from .disrm import DisRMScorer
+        from rljob_workers.reward.disrm import DisRMScorer
 
         return DisRMScorer(spec.name, spec.disrm, device=model_device(gpus))
     if spec.kind == "genrm" and spec.genrm is not None:
-        from .genrm import GenRMScorer
+        from rljob_workers.reward.genrm import GenRMScorer
 
         model_device(gpus)
         return GenRMScorer.load(spec.name, spec.genrm, gpus=gpus)

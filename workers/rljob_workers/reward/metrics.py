@@ -25,8 +25,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rljob.v1 import sample_pb2
-
-from .base import ERROR_CLASS_NAMES
+from rljob_workers.reward.base import ERROR_CLASS_NAMES
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 RECENT_WINDOW = 2048

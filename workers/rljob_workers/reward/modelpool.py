@@ -30,11 +30,11 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from .base import RewardConfigError
+from rljob_workers.reward.base import RewardConfigError
 
 if TYPE_CHECKING:  # the models import torch; a rule-only replica never does
-    from .disrm import DisRMScorer
-    from .genrm import GenRMScorer
+    from rljob_workers.reward.disrm import DisRMScorer
+    from rljob_workers.reward.genrm import GenRMScorer
 
 M = TypeVar("M")
 

@@ -48,10 +48,9 @@ import grpc
 
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_api.reward import RemoteReward
-
-from ..grpc_server import CLIENT_OPTIONS
-from .base import FUNCTION, INVALID, TRANSIENT, RewardConfigError, ScoreFailure
-from .breaker import Balancer, CircuitBreaker
+from rljob_workers.common.grpc_server import CLIENT_OPTIONS
+from rljob_workers.reward.base import FUNCTION, INVALID, TRANSIENT, RewardConfigError, ScoreFailure
+from rljob_workers.reward.breaker import Balancer, CircuitBreaker
 
 log = logging.getLogger(__name__)
 

@@ -26,9 +26,15 @@ import grpc
 
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_api.workercfg import RewardWorkerConfig
-
-from ..grpc_server import RunningServer, Service, start_server
-from .functions import INVALID, TRANSIENT, RewardCallable, RewardFunctionSet, WeightedFunction, error_score
+from rljob_workers.common.grpc_server import RunningServer, Service, start_server
+from rljob_workers.reward.functions import (
+    INVALID,
+    TRANSIENT,
+    RewardCallable,
+    RewardFunctionSet,
+    WeightedFunction,
+    error_score,
+)
 
 SERVICE_NAME = reward_service_pb2.DESCRIPTOR.services_by_name["RewardService"].full_name
 RESOURCE_EXHAUSTED_PREFIX = "RESOURCE_EXHAUSTED:"

@@ -16,12 +16,12 @@ from rljob.v1 import rollout_service_pb2 as pb
 from rljob.v1 import rollout_service_pb2_grpc as pb_grpc
 from rljob.v1 import sample_pb2
 from rljob_api.workercfg import RolloutWorkerConfig
-from rljob_workers.grpc_server import RunningServer, Service, start_server
+from rljob_workers.common.grpc_server import RunningServer, Service, start_server
+from rljob_workers.engines import make_engine
+from rljob_workers.engines.base import Engine, FinishedSample, FinishReason, PromptInput, SamplingConfig
 from rljob_workers.weights.buckets import BucketPlan, from_proto
 from rljob_workers.weights.group import WeightGroup
 from rljob_workers.weights.receiver import pull_weights, receive_broadcast
-
-from .engine import Engine, FinishedSample, FinishReason, PromptInput, SamplingConfig, make_engine
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ import torch
 from torch import Tensor
 
 from rljob_api.workercfg import TrainerWorkerConfig
-
-from .grpo import grpo_loss, token_logprobs
+from rljob_workers.common.device import resolve_dtype
+from rljob_workers.trainer.grpo import grpo_loss, token_logprobs
 
 
 @dataclass
@@ -28,13 +28,6 @@ class TrainSample:
     token_ids: list[int]
     behaviour_logprobs: list[float]
     advantage: float
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` is bfloat16 on GPU, float32 on CPU."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
 
 
 def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -> dict[str, Tensor]:

@@ -28,7 +28,7 @@ from torch import Tensor
 
 from rljob.v1 import weight_service_pb2 as wpb
 from rljob.v1 import weight_service_pb2_grpc as wgrpc
-from rljob_workers.grpc_server import MAX_MESSAGE_BYTES, Service
+from rljob_workers.common.grpc_server import MAX_MESSAGE_BYTES, Service
 from rljob_workers.weights.buckets import BucketPlan, TensorSlot, dtype_name, pack, plan_for
 from rljob_workers.weights.group import WeightGroup
 

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from rljob.v1 import weight_service_pb2 as wpb
 from rljob.v1 import weight_service_pb2_grpc as wgrpc
-from rljob_workers.grpc_server import channel
+from rljob_workers.common.grpc_server import channel
 from rljob_workers.weights.buckets import BucketPlan, dtype_from_name, empty_buckets, unpack
 from rljob_workers.weights.group import WeightGroup
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rljob_api import RLJobInvalid, load_rljob
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -54,14 +54,14 @@ def cmd_make_model(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run an RLJob on this machine: all pools local, on Ray."""
-    from rljob_workers.local import run_local
+    from rljob_workers.driver.local import run_local
 
     return run_local(args)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print the status of a running controller (its ControlService)."""
-    from rljob_workers.local import print_status
+    from rljob_workers.driver.local import print_status
 
     return print_status(args.address)
 

@@ -25,13 +25,12 @@ import torch
 from rljob.v1 import rollout_service_pb2 as rollout_pb
 from rljob.v1 import sample_pb2
 from rljob_api.workercfg import ControllerConfig
-
-from ..trainer.grpo import group_advantages
-from ..trainer.policy import TrainSample
-from .data import Prompt, PromptSource
-from .groups import Group, GroupTracker, Sample, dispatch_allowed, staleness
-from .idle import BusyClock
-from .rollout_clients import ReplicaLost, RolloutClients
+from rljob_workers.driver.controller.data import Prompt, PromptSource
+from rljob_workers.driver.controller.groups import Group, GroupTracker, Sample, dispatch_allowed, staleness
+from rljob_workers.driver.controller.idle import BusyClock
+from rljob_workers.driver.controller.rollout_clients import ReplicaLost, RolloutClients
+from rljob_workers.trainer.grpo import group_advantages
+from rljob_workers.trainer.policy import TrainSample
 
 log = logging.getLogger(__name__)
 

@@ -23,11 +23,10 @@ from dataclasses import dataclass, field
 import grpc
 
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
-
-from ..controller.idle import BusyClock
-from ..grpc_server import MAX_MESSAGE_BYTES, channel
-from .functions import INVALID, TRANSIENT, error_score
-from .server import UNAVAILABLE_PREFIX, is_refusal
+from rljob_workers.common.grpc_server import MAX_MESSAGE_BYTES, channel
+from rljob_workers.driver.controller.idle import BusyClock
+from rljob_workers.reward.functions import INVALID, TRANSIENT, error_score
+from rljob_workers.reward.server import UNAVAILABLE_PREFIX, is_refusal
 
 # Weight of the newest observation in a replica's latency average.
 EWMA_ALPHA = 0.3

@@ -47,8 +47,7 @@ class RolloutActor:
 
     async def start(self) -> str:
         from rljob_api.workercfg import RolloutWorkerConfig
-
-        from .rollout.server import serve_rollout
+        from rljob_workers.rollout.server import serve_rollout
 
         config = RolloutWorkerConfig.model_validate_json(self.config_json)
         # Replicas sample differently: the same seed everywhere would duplicate their samples.
@@ -78,8 +77,7 @@ class RewardActor:
 
     async def start(self) -> str:
         from rljob_api.workercfg import RewardWorkerConfig
-
-        from .reward.server import serve_reward
+        from rljob_workers.reward.server import serve_reward
 
         host = node_host()
         config = RewardWorkerConfig.model_validate_json(self.config_json)
@@ -124,7 +122,7 @@ class TrainerActor:
     def _setup(self, dist_address: tuple[str, int] | None, resume_dir: str | None) -> None:
         import torch
 
-        from .trainer.policy import PolicyTrainer
+        from rljob_workers.trainer.policy import PolicyTrainer
 
         gpu = self.config.gpus_per_node > 0 and torch.cuda.is_available()
         device = torch.device("cuda", torch.cuda.current_device()) if gpu else torch.device("cpu")
@@ -147,8 +145,8 @@ class TrainerActor:
 
     # ---- checkpoint engine (rank 0 serves; every rank joins the full-weight gather) ------
     async def start_weight_service(self) -> str:
-        from .grpc_server import start_server
-        from .weights.publisher import WeightPublisher, weight_service
+        from rljob_workers.common.grpc_server import start_server
+        from rljob_workers.weights.publisher import WeightPublisher, weight_service
 
         self.publisher = WeightPublisher(self.config.weight_sync.bucket_size_mb * 1024 * 1024)
         host = node_host()
@@ -164,14 +162,13 @@ class TrainerActor:
 
     def bucket_plans(self) -> bytes:
         from rljob.v1 import rollout_service_pb2
-
-        from .weights.buckets import to_proto
+        from rljob_workers.weights.buckets import to_proto
 
         source = rollout_service_pb2.BroadcastSource(buckets=[to_proto(p) for p in self.publisher.plan])
         return source.SerializeToString()
 
     async def open_weight_group(self, group_id: str, world_size: int, backend: str, timeout: float) -> tuple[str, int]:
-        from .weights.group import host_store
+        from rljob_workers.weights.group import host_store
 
         if self.group is not None:
             self.group.close()
@@ -182,7 +179,7 @@ class TrainerActor:
         return host, int(self.store.port)
 
     async def join_weight_group(self) -> None:
-        from .weights.group import WeightGroup
+        from rljob_workers.weights.group import WeightGroup
 
         group_id, host, port, world_size, backend, timeout = self._pending_group
         self.group = await asyncio.to_thread(
@@ -195,7 +192,7 @@ class TrainerActor:
         return version
 
     async def save_checkpoint(self, root: str, step: int, state: dict[str, Any], keep: int) -> str:
-        from .trainer import checkpoint
+        from rljob_workers.trainer import checkpoint
 
         directory = checkpoint.step_dir(Path(root), step)
         # Every rank takes part in gathering the full weights (FSDP); rank 0 writes them.

@@ -9,9 +9,8 @@ import grpc
 
 from rljob.v1 import rollout_service_pb2 as pb
 from rljob.v1 import rollout_service_pb2_grpc as pb_grpc
-
-from ..grpc_server import channel
-from .idle import BusyClock
+from rljob_workers.common.grpc_server import channel
+from rljob_workers.driver.controller.idle import BusyClock
 
 # Codes that mean "this replica is gone", as opposed to "this request was wrong".
 REPLICA_LOST = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.ABORTED}

@@ -14,9 +14,8 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from rljob_api.reward import ReplicaRange, ScalingSpec
-
-from ..reward.router import RewardRouter
-from ..scaling import ScalingDecision, ScalingObservation, ScalingState, decide
+from rljob_workers.driver.reward_router import RewardRouter
+from rljob_workers.driver.scaling import ScalingDecision, ScalingObservation, ScalingState, decide
 
 log = logging.getLogger(__name__)
 

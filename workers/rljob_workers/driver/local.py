@@ -13,28 +13,10 @@ from pathlib import Path
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob.v1 import control_service_pb2_grpc as control_grpc
-from rljob_api import RLJob, RLJobInvalid, derive_worker_configs, load_rljob
-from rljob_api.workercfg import WorkerConfigs
+from rljob_api import RLJobInvalid, load_rljob
+from rljob_workers.driver.setup import SetupError, prepare
 
 log = logging.getLogger("rljob")
-
-
-class SetupError(RuntimeError):
-    """Something on this machine keeps the job from starting; the message says what to do."""
-
-
-def prepare(job: RLJob, steps: int | None) -> WorkerConfigs:
-    """Worker configs with local paths made absolute and checked."""
-    if steps is not None:
-        job.spec.algorithm.total_steps = steps
-    for field, value in (("spec.model.path", job.spec.model.path), ("spec.data.path", job.spec.data.path)):
-        if not Path(value).exists():
-            hint = " (make the example's with `make model`)" if ".cache/" in value else ""
-            raise SetupError(f"{field}: {value} does not exist{hint}")
-    job.spec.model.path = str(Path(job.spec.model.path).resolve())
-    job.spec.data.path = str(Path(job.spec.data.path).resolve())
-    job.spec.checkpoint.dir = str(Path(job.spec.checkpoint.dir).resolve())
-    return derive_worker_configs(job)
 
 
 def use_loopback_ray() -> None:
@@ -54,7 +36,7 @@ def run_local(args: argparse.Namespace) -> int:
         return 2
     output = Path(args.output or Path("rljob-runs") / job.metadata.name).resolve()
     use_loopback_ray()
-    from .local_run import LocalRun
+    from rljob_workers.driver.local_run import LocalRun
 
     run = LocalRun(
         job, configs, output, resume=args.resume, display=not args.no_display, metrics_port=args.metrics_port
@@ -67,7 +49,7 @@ def run_local(args: argparse.Namespace) -> int:
 
 
 async def fetch_status(address: str) -> control_pb.JobStatus:
-    from .grpc_server import channel
+    from rljob_workers.common.grpc_server import channel
 
     async with channel(address) as ch:
         reply = await control_grpc.ControlServiceStub(ch).GetJobStatus(control_pb.GetJobStatusRequest(), timeout=10)
@@ -77,7 +59,7 @@ async def fetch_status(address: str) -> control_pb.JobStatus:
 def print_status(address: str) -> int:
     import grpc
 
-    from .display import Progress
+    from rljob_workers.driver.display import Progress
 
     try:
         status = asyncio.run(fetch_status(address))

@@ -13,9 +13,8 @@ import ray
 
 from rljob.v1 import rollout_service_pb2
 from rljob_api.workercfg import Pool, WorkerConfigs, pool_resource
-
-from .actors import RewardActor, RolloutActor, TrainerActor
-from .trainer.policy import TrainSample
+from rljob_workers.driver.actors import RewardActor, RolloutActor, TrainerActor
+from rljob_workers.trainer.policy import TrainSample
 
 log = logging.getLogger(__name__)
 

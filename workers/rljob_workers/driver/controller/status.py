@@ -8,8 +8,7 @@ from dataclasses import dataclass
 
 from rljob.v1 import control_service_pb2 as pb
 from rljob.v1 import control_service_pb2_grpc as pb_grpc
-
-from .loop import Controller, StepReport
+from rljob_workers.driver.controller.loop import Controller, StepReport
 
 
 @dataclass

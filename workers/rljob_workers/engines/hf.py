@@ -17,24 +17,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import AutoModelForCausalLM, GenerationConfig
 
 from rljob_api.workercfg import RolloutWorkerConfig
-
-from .engine import FinishedSample, FinishReason, PromptInput, SamplingConfig, cut_at_stop, derive_seed, sample_slots
+from rljob_workers.common.device import resolve_dtype
+from rljob_workers.common.tokenizer import load_tokenizer
+from rljob_workers.engines.base import (
+    FinishedSample,
+    FinishReason,
+    PromptInput,
+    SamplingConfig,
+    cut_at_stop,
+    derive_seed,
+    sample_slots,
+)
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(dtype: str, device: str) -> torch.dtype:
-    """auto is bfloat16 on a GPU and float32 on a CPU (CPU bf16 matmuls are slow and imprecise)."""
-    if dtype == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; use auto, {', '.join(DTYPES)}")
-    return DTYPES[dtype]
 
 
 @dataclass
@@ -306,18 +304,3 @@ def _behaviour_logprobs(logits: Sequence[torch.Tensor], tokens: torch.Tensor, te
         for t, step in enumerate(logits)
     ]
     return torch.stack(steps, dim=1).cpu()
-
-
-def load_tokenizer(model_path: str) -> tuple[Any, list[int]]:
-    """A checkpoint's tokenizer and every token that ends its sequences (its generation config may list several)."""
-    tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-    try:
-        configured = GenerationConfig.from_pretrained(model_path, local_files_only=True).eos_token_id
-    except OSError:  # no generation_config.json: the tokenizer's EOS is all there is
-        configured = None
-    ids = configured if isinstance(configured, list) else [configured] if configured is not None else []
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
-    if not ids:
-        raise ValueError(f"{model_path} defines no end-of-sequence token (generation_config.json or tokenizer)")
-    return tokenizer, [int(i) for i in ids]

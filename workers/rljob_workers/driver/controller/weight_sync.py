@@ -18,8 +18,7 @@ from typing import Protocol
 import grpc
 
 from rljob.v1 import rollout_service_pb2 as pb
-
-from .rollout_clients import Replica, RolloutClients
+from rljob_workers.driver.controller.rollout_clients import Replica, RolloutClients
 
 log = logging.getLogger(__name__)
 

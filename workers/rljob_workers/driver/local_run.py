@@ -16,21 +16,20 @@ from rljob.v1 import control_service_pb2 as control_pb
 from rljob.v1 import control_service_pb2_grpc as control_grpc
 from rljob_api import RLJob
 from rljob_api.workercfg import WorkerConfigs
-
-from .controller.data import load_prompts
-from .controller.elastic import ElasticRewardPool
-from .controller.idle import IdleMeter
-from .controller.loop import Controller, RunFailed, StepReport
-from .controller.rollout_clients import RolloutClients
-from .controller.status import ControlServicer, RunView
-from .controller.weight_sync import WeightSync
-from .display import Progress
-from .grpc_server import RunningServer, Service, start_server
-from .launcher import ActorPool, RayTrainer, init_local_ray, reward_pool, rollout_pool
-from .local import SetupError
-from .metrics import JsonlWriter, RunMetrics, plot_rewards
-from .reward.router import RewardRouter
-from .trainer import checkpoint
+from rljob_workers.common.grpc_server import RunningServer, Service, start_server
+from rljob_workers.driver.controller.data import load_prompts
+from rljob_workers.driver.controller.elastic import ElasticRewardPool
+from rljob_workers.driver.controller.idle import IdleMeter
+from rljob_workers.driver.controller.loop import Controller, RunFailed, StepReport
+from rljob_workers.driver.controller.rollout_clients import RolloutClients
+from rljob_workers.driver.controller.status import ControlServicer, RunView
+from rljob_workers.driver.controller.weight_sync import WeightSync
+from rljob_workers.driver.display import Progress
+from rljob_workers.driver.launcher import ActorPool, RayTrainer, init_local_ray, reward_pool, rollout_pool
+from rljob_workers.driver.metrics import JsonlWriter, RunMetrics, plot_rewards
+from rljob_workers.driver.reward_router import RewardRouter
+from rljob_workers.driver.setup import SetupError
+from rljob_workers.trainer import checkpoint
 
 log = logging.getLogger("rljob")
 

@@ -15,19 +15,15 @@ vllm is imported inside the constructor, so importing this module never imports 
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from rljob_api.workercfg import RolloutWorkerConfig
-
-from .engine import FinishedSample, FinishReason, PromptInput, SamplingConfig, VersionGate, derive_seed, sample_slots
-from .hf_engine import load_tokenizer
-
-_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+from rljob_workers.engines.base import FinishedSample, PromptInput, SamplingConfig, derive_seed
+from rljob_workers.engines.streaming import PerSampleEngine, finish_reason
 
 
 def _load_weights_in_worker(worker: Any, named: list[tuple[str, torch.Tensor]]) -> None:
@@ -36,7 +32,7 @@ def _load_weights_in_worker(worker: Any, named: list[tuple[str, torch.Tensor]]) 
     model.load_weights(weights=[(name, tensor.to(worker.device)) for name, tensor in named])
 
 
-class VLLMEngine:
+class VLLMEngine(PerSampleEngine):
     """vLLM's AsyncLLMEngine with rljob's sampling, log-prob and version contract."""
 
     name = "vllm"
@@ -44,8 +40,7 @@ class VLLMEngine:
     def __init__(self, config: RolloutWorkerConfig) -> None:
         from vllm import AsyncEngineArgs, AsyncLLMEngine
 
-        self.model_path = config.model_path
-        self.tokenizer, self._eos_ids = load_tokenizer(config.model_path)
+        super().__init__(config.model_path)
         args = AsyncEngineArgs(
             model=config.model_path,
             dtype="auto" if config.dtype == "auto" else config.dtype,
@@ -56,37 +51,18 @@ class VLLMEngine:
         )
         self._engine = AsyncLLMEngine.from_engine_args(args)
         self._seed = config.seed
-        self._gate = VersionGate()
         self._request_ids = itertools.count()
-
-    @property
-    def policy_version(self) -> int:
-        return self._gate.version
-
-    @property
-    def eos_token_id(self) -> int:
-        return self._eos_ids[0]
 
     @property
     def weights_device(self) -> str:
         # Weights cross into vLLM's worker processes by serialization, which takes CPU tensors.
         return "cpu"
 
-    def tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer(text).input_ids)
-
-    async def generate(self, prompts: Sequence[PromptInput], sampling: SamplingConfig) -> AsyncIterator[FinishedSample]:
+    def check_sampling(self, sampling: SamplingConfig) -> None:
         if sampling.top_p < 1.0 or sampling.top_k > 0:
             raise ValueError(
                 "the vllm engine reports truncated log-probs under top_p/top_k; use top_p 1 and top_k 0, or engine hf"
             )
-        tasks = [asyncio.ensure_future(self._one(p, i, sampling)) for p, i in sample_slots(prompts)]
-        try:
-            for finished in asyncio.as_completed(tasks):
-                yield await finished
-        finally:
-            for task in tasks:
-                task.cancel()
 
     async def _one(self, prompt: PromptInput, index: int, sampling: SamplingConfig) -> FinishedSample:
         from vllm import SamplingParams
@@ -120,7 +96,7 @@ class VLLMEngine:
             token_ids=tuple(tokens),
             logprobs=tuple(logprobs),
             policy_version=version,
-            finish_reason=_FINISH.get(str(completion.finish_reason), FinishReason.ABORT),
+            finish_reason=finish_reason(completion.finish_reason),
             text=completion.text,
         )
 

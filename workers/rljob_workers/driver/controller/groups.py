@@ -6,7 +6,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from .data import Prompt
+from rljob_workers.driver.controller.data import Prompt
 
 
 @dataclass

@@ -30,7 +30,6 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
-    from rljob_api.workercfg import RolloutWorkerConfig
 
 log = logging.getLogger(__name__)
 
@@ -227,20 +226,3 @@ class VersionGate:
                 async with self._changed:
                     self._switching = False
                     self._changed.notify_all()
-
-
-def make_engine(config: RolloutWorkerConfig) -> Engine:
-    """The engine `config.engine` names, loaded from `config.model_path` (blocking: run it off the event loop)."""
-    if config.engine == "hf":
-        from .hf_engine import HFEngine
-
-        return HFEngine.from_config(config)
-    if config.engine == "vllm":
-        from .vllm_engine import VLLMEngine
-
-        return VLLMEngine(config)
-    if config.engine == "sglang":
-        from .sglang_engine import SGLangEngine
-
-        return SGLangEngine(config)
-    raise ValueError(f"unknown engine {config.engine!r}; expected hf, vllm or sglang")

@@ -18,20 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from rljob_api.workercfg import RolloutWorkerConfig
-
-from .engine import FinishedSample, FinishReason, PromptInput, SamplingConfig, VersionGate, sample_slots
-from .hf_engine import load_tokenizer
-
-_FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+from rljob_workers.engines.base import FinishedSample, PromptInput, SamplingConfig
+from rljob_workers.engines.streaming import PerSampleEngine, finish_reason
 
 
-class SGLangEngine:
+class SGLangEngine(PerSampleEngine):
     """sglang.Engine with rljob's sampling, log-prob and version contract."""
 
     name = "sglang"
@@ -43,8 +40,7 @@ class SGLangEngine:
             )
         import sglang
 
-        self.model_path = config.model_path
-        self.tokenizer, self._eos_ids = load_tokenizer(config.model_path)
+        super().__init__(config.model_path)
         self._tp_size = config.tensor_parallel_size
         self._engine: Any = sglang.Engine(
             model_path=config.model_path,
@@ -54,32 +50,11 @@ class SGLangEngine:
             random_seed=config.seed,
             log_level="error",
         )
-        self._gate = VersionGate()
-
-    @property
-    def policy_version(self) -> int:
-        return self._gate.version
-
-    @property
-    def eos_token_id(self) -> int:
-        return self._eos_ids[0]
 
     @property
     def weights_device(self) -> str:
         # SGLang's tensor serializer passes CUDA tensors to its scheduler processes by IPC handle.
         return "cuda"
-
-    def tokenize(self, text: str) -> list[int]:
-        return list(self.tokenizer(text).input_ids)
-
-    async def generate(self, prompts: Sequence[PromptInput], sampling: SamplingConfig) -> AsyncIterator[FinishedSample]:
-        tasks = [asyncio.ensure_future(self._one(p, i, sampling)) for p, i in sample_slots(prompts)]
-        try:
-            for finished in asyncio.as_completed(tasks):
-                yield await finished
-        finally:
-            for task in tasks:
-                task.cancel()
 
     async def _one(self, prompt: PromptInput, index: int, sampling: SamplingConfig) -> FinishedSample:
         params = {
@@ -104,7 +79,7 @@ class SGLangEngine:
             token_ids=tuple(int(entry[1]) for entry in entries),
             logprobs=tuple(float(entry[0]) for entry in entries),
             policy_version=version,
-            finish_reason=_FINISH.get(finish, FinishReason.ABORT),
+            finish_reason=finish_reason(finish),
             text=str(out["text"]),
         )
 

@@ -1,0 +1,175 @@
+"""The house plan, checked on the source: imports point down, never in a circle.
+
+`workers/rljob_workers` is split by the process each part runs in (README, "Layout"): the
+driver may import every pool server's entry points; a pool server imports only the packages
+under it. Every import counts, the ones inside functions and under TYPE_CHECKING too: a lazy
+import is still an arrow, and a circle through one is still a circle.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+TOP = "rljob_workers"
+# package -> the packages its modules may import (besides itself, the api and the protos).
+ALLOWED: Mapping[str, frozenset[str]] = {
+    "common": frozenset(),
+    "tasks": frozenset(),
+    "models": frozenset({"tasks"}),
+    "weights": frozenset({"common"}),
+    "engines": frozenset({"common"}),
+    "trainer": frozenset({"common", "weights"}),
+    "rollout": frozenset({"common", "engines", "weights"}),
+    "reward": frozenset({"common", "engines"}),
+    "driver": frozenset({"common", "engines", "weights", "trainer", "rollout", "reward", "tasks", "models"}),
+}
+
+
+def modules(root: Path, top: str = TOP) -> dict[str, Path]:
+    """Dotted module name -> file, for every module of package `top` under `root`."""
+    found = {}
+    for path in sorted((root / top).rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _imported(node: ast.AST, module: str, is_package: bool) -> Iterator[str]:
+    if isinstance(node, ast.Import):
+        yield from (alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom):
+        package = module if is_package else module.rpartition(".")[0]
+        base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+        target = ".".join([*base, *([node.module] if node.module else [])])
+        yield target
+        yield from (f"{target}.{alias.name}" for alias in node.names)
+
+
+def import_graph(root: Path, top: str = TOP) -> dict[str, set[str]]:
+    """module -> the modules of `top` it imports anywhere in its source."""
+    mods = modules(root, top)
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        tree = ast.parse(path.read_text(), str(path))
+        is_package = path.name == "__init__.py"
+        targets = {t for node in ast.walk(tree) for t in _imported(node, name, is_package)}
+        graph[name] = {t for t in targets if t in mods and t != name}
+    return graph
+
+
+def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def forbidden_arrows(graph: Mapping[str, set[str]], allowed: Mapping[str, frozenset[str]] = ALLOWED) -> list[str]:
+    """Each import from one package into another that the plan does not allow."""
+    bad = []
+    for module, targets in sorted(graph.items()):
+        source = _package(module)
+        for target in sorted(targets):
+            dest = _package(target)
+            if dest and dest != source and dest not in allowed.get(source, frozenset()):
+                bad.append(f"{module} -> {target} ({source} may not import {dest})")
+    return bad
+
+
+def test_workers_have_no_import_circle():
+    assert circles(import_graph(REPO / "workers")) == []
+
+
+def test_workers_import_only_downward():
+    graph = import_graph(REPO / "workers")
+    assert forbidden_arrows(graph) == []
+    packages = {_package(m) for m in graph} - {""}
+    assert packages == set(ALLOWED), "a new package needs its place in ALLOWED and in the README's layout"
+
+
+def _tree(root: Path, files: Mapping[str, str]) -> Path:
+    for name, source in files.items():
+        path = root / TOP / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))
+    for folder in [root / TOP, *(p for p in (root / TOP).rglob("*") if p.is_dir())]:
+        (folder / "__init__.py").touch()
+    return root
+
+
+# The shapes the old flat layout had, each of which the checks must catch.
+OLD_DEFECTS = {
+    "a driver module and its helper importing each other (local <-> local_run)": {
+        "driver/local.py": "def run():\n    from .local_run import LocalRun\n",
+        "driver/local_run.py": "from rljob_workers.driver.local import SetupError\n",
+    },
+    "an engine base importing the engines that import it back": {
+        "engines/base.py": "def make_engine():\n    from .hf import HF\n",
+        "engines/hf.py": "from .base import Engine\n",
+    },
+    "a lazy import inside a function closing a circle (functions <-> kinds)": {
+        "reward/functions.py": "def from_spec():\n    from . import kinds\n",
+        "reward/kinds.py": "from .functions import load_function\n",
+    },
+}
+
+
+@pytest.mark.parametrize("files", OLD_DEFECTS.values(), ids=list(OLD_DEFECTS))
+def test_a_circle_is_found(tmp_path, files):
+    assert circles(import_graph(_tree(tmp_path, files))) != []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from rljob_workers.driver.controller.idle import BusyClock\n",  # the router's old arrow, from a server
+        "from ..driver import metrics\n",
+        "import typing\nif typing.TYPE_CHECKING:\n    import rljob_workers.driver.metrics\n",
+    ],
+    ids=["absolute", "relative", "type-checking"],
+)
+def test_a_server_importing_the_driver_is_found(tmp_path, source):
+    root = _tree(
+        tmp_path,
+        {"reward/router.py": source, "driver/metrics.py": "X = 1\n", "driver/controller/idle.py": "BusyClock = 1\n"},
+    )
+    assert forbidden_arrows(import_graph(root)) != []
