@@ -24,7 +24,8 @@ from rljob.v1 import sample_pb2
 from rljob_api import parse_rljob
 from rljob_api.workercfg import derive_worker_configs
 from rljob_workers.driver.controller.data import PromptSource
-from rljob_workers.driver.controller.loop import Controller, RunFailed, StepReport
+from rljob_workers.driver.controller.loop import Controller
+from rljob_workers.driver.controller.report import RunFailed, StepReport
 from rljob_workers.driver.controller.status import RunView
 from rljob_workers.driver.display import status_table
 from rljob_workers.trainer.policy import TrainSample

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from rljob_api import parse_rljob
-from rljob_workers.driver.controller.loop import StepReport
+from rljob_workers.driver.controller.report import StepReport
 from rljob_workers.driver.local_run import LocalRun
 from rljob_workers.driver.setup import prepare
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl

@@ -33,6 +33,12 @@ def bench() -> ModuleType:
     return load("run")
 
 
+@pytest.fixture(scope="module")
+def arithmetic(bench: ModuleType) -> ModuleType:
+    """The benchmark's pure arithmetic, the same module its run.py imports."""
+    return sys.modules["pipeline_measure"]
+
+
 def probe_with(bench: ModuleType, busy_per_step: float, replicas: int, group_latency: float = 1.0) -> object:
     probe = bench.Probe()
     for step in range(1, 6):  # one step per second
@@ -52,25 +58,25 @@ def probe_with(bench: ModuleType, busy_per_step: float, replicas: int, group_lat
     return probe
 
 
-def test_measure_takes_differences_after_the_warmup(bench: ModuleType) -> None:
+def test_measure_takes_differences_after_the_warmup(bench: ModuleType, arithmetic: ModuleType) -> None:
     m = bench.measure(bench.CONFIGS["async"], probe_with(bench, 0.9, replicas=2), [], warmup=2)
     assert m.steps == 3 and m.wall_per_step == pytest.approx(1.0)
     assert m.trainer_idle == pytest.approx(0.1) and m.train_per_step == pytest.approx(0.9)
     assert m.rollout_per_step == pytest.approx(0.5) and m.reward_work_per_step == pytest.approx(2.0)
     assert m.replica_seconds == pytest.approx(6.0)
     # Limit: the slowest stage; reward work 2 s per step over 4 slots is 0.5 s.
-    assert bench.limit_per_step(m, slots=4) == pytest.approx(0.9)
-    assert bench.limit_per_step(m, slots=1) == pytest.approx(2.0)
+    assert arithmetic.limit_per_step(m, slots=4) == pytest.approx(0.9)
+    assert arithmetic.limit_per_step(m, slots=1) == pytest.approx(2.0)
     # Latency bound: the measured steps' slowest groups took 3, 4, 5 s, plus a 0.9 s train step,
     # over the maxStaleness + 1 = 3 steps they have.
     assert m.latency_bound_per_step == pytest.approx((4.0 + 0.9) / 3)
 
 
-def test_latency_bound_of_sync_is_its_whole_step(bench: ModuleType) -> None:
+def test_latency_bound_of_sync_is_its_whole_step(arithmetic: ModuleType) -> None:
     # maxStaleness 0: generate and score (the group latency), then train; nothing overlaps.
-    assert bench.latency_bound([0.6, 0.8], 0.3, 0) == pytest.approx(1.0)
-    assert bench.latency_bound([0.6, 0.8], 0.3, 1) == pytest.approx(0.5)
-    assert math.isnan(bench.latency_bound([], 0.3, 1))
+    assert arithmetic.latency_bound([0.6, 0.8], 0.3, 0) == pytest.approx(1.0)
+    assert arithmetic.latency_bound([0.6, 0.8], 0.3, 1) == pytest.approx(0.5)
+    assert math.isnan(arithmetic.latency_bound([], 0.3, 1))
 
 
 def test_targets_are_reported_met_or_missed(bench: ModuleType) -> None:

@@ -1,4 +1,5 @@
-"""The checkpoint engine: bucket plans, a real multi-process gloo broadcast, and the WeightService pull."""
+"""The checkpoint engine across processes: a real multi-process gloo broadcast, a member lost mid-broadcast,
+and the WeightService pull."""
 
 from __future__ import annotations
 
@@ -7,11 +8,11 @@ import multiprocessing as mp
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import grpc
 import pytest
 import torch
+from weight_helpers import BUCKET_BYTES, T, assert_same, small_model
 
 from rljob.v1 import rollout_service_pb2 as pb
 from rljob.v1 import weight_service_pb2 as wpb
@@ -26,151 +27,10 @@ from rljob_workers.weights import (
     empty_buckets,
     from_proto,
     host_store,
-    pack,
-    plan_buckets,
-    plan_for,
     pull_weights,
     receive_broadcast,
     to_proto,
-    unpack,
 )
-from rljob_workers.weights.buckets import dtype_from_name, dtype_name
-
-BUCKET_BYTES = 4096
-T = TypeVar("T")
-
-
-def _model(seed: int) -> dict[str, torch.Tensor]:
-    """Interleaved dtypes, a non-contiguous tensor, a scalar, an empty one and one larger than a bucket."""
-    g = torch.Generator().manual_seed(seed)
-    return {
-        "embed.weight": torch.randn(40, 16, generator=g).to(torch.bfloat16),
-        "layer0.norm": torch.randn(16, generator=g),
-        "layer0.proj": torch.randn(16, 48, generator=g).to(torch.bfloat16).t(),
-        "layer0.scale": torch.randn((), generator=g),
-        "big.weight": torch.randn(64, 32, generator=g),  # 8 KiB > BUCKET_BYTES
-        "layer1.norm": torch.randn(16, generator=g),
-        "positions": torch.arange(seed, seed + 10, dtype=torch.int64),
-        "mask": torch.rand(7, generator=g) > 0.5,
-        "empty": torch.zeros(0, 3),
-    }
-
-
-def _assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert sorted(got) == sorted(want)
-    for name, tensor in want.items():
-        assert got[name].dtype == tensor.dtype and got[name].shape == tensor.shape, name
-        assert torch.equal(got[name], tensor), name
-
-
-# --- buckets -------------------------------------------------------------------------------
-
-
-def test_plan_groups_one_dtype_per_bucket_in_state_dict_order():
-    model = _model(0)
-    plans = plan_for(model.items(), BUCKET_BYTES)
-    names = [slot.name for plan in plans for slot in plan.tensors]
-    assert sorted(names) == sorted(model)
-    order = list(model)
-    firsts = [order.index(plan.tensors[0].name) for plan in plans]
-    assert firsts == sorted(firsts)
-    for plan in plans:
-        assert {slot.dtype for slot in plan.tensors} == {plan.dtype}
-        assert plan.nbytes <= BUCKET_BYTES or len(plan.tensors) == 1
-        assert [order.index(s.name) for s in plan.tensors] == sorted(order.index(s.name) for s in plan.tensors)
-    big = next(plan for plan in plans if plan.tensors[0].name == "big.weight")
-    assert len(big.tensors) == 1 and big.nbytes == 64 * 32 * 4
-    # The two float32 norms share a bucket although bfloat16 and the big tensor come between them.
-    assert any({"layer0.norm", "layer1.norm"} <= {s.name for s in plan.tensors} for plan in plans)
-
-
-def test_a_full_bucket_closes_and_the_next_one_starts():
-    specs = [("a", torch.float32, (3,)), ("b", torch.float32, (3,)), ("c", torch.float32, (2,))]
-    plans = plan_buckets(specs, 20)
-    assert [[s.name for s in p.tensors] for p in plans] == [["a"], ["b", "c"]]
-    assert [(s.offset, s.numel) for s in plans[1].tensors] == [(0, 3), (3, 2)]
-    assert plans[1].nbytes == 20
-
-
-def test_pack_unpack_round_trip_gives_views():
-    model = _model(1)
-    plans = plan_for(model.items(), BUCKET_BYTES)
-    got: dict[str, torch.Tensor] = {}
-    for plan in plans:
-        flat = pack(plan, model)
-        views = unpack(plan, flat)
-        assert all(v.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr() for v in views.values())
-        got.update(views)
-    _assert_same({name: got[name] for name in model}, model)
-
-
-def test_pack_refuses_a_tensor_that_does_not_match_the_plan():
-    model = _model(0)
-    plan = plan_for(model.items(), BUCKET_BYTES)[0]
-    with pytest.raises(ValueError, match=r"embed\.weight"):
-        pack(plan, {**model, "embed.weight": torch.zeros(40, 16)})
-    with pytest.raises(KeyError, match=r"embed\.weight"):
-        pack(plan, {})
-
-
-def test_plan_survives_the_proto_round_trip():
-    plans = plan_for(_model(0).items(), BUCKET_BYTES)
-    wire = [pb.Bucket.FromString(to_proto(p).SerializeToString()) for p in plans]
-    assert [from_proto(b) for b in wire] == plans
-    assert wire[0].dtype == "bfloat16" and wire[0].tensors[0].name == "embed.weight"
-
-
-def test_inconsistent_proto_plans_are_refused():
-    good = to_proto(plan_for(_model(0).items(), BUCKET_BYTES)[0])
-    bad_numel = pb.Bucket(dtype=good.dtype, numel=1, tensors=good.tensors)
-    bad_dtype = pb.Bucket(dtype="float32", numel=good.numel, tensors=good.tensors)
-    unknown = pb.Bucket(dtype="float99", numel=good.numel)
-    for message, match in [(bad_numel, "too small"), (bad_dtype, "inside a float32"), (unknown, "float99")]:
-        with pytest.raises(ValueError, match=match):
-            from_proto(message)
-
-
-def test_dtype_names_are_torch_names_without_prefix():
-    assert dtype_name(torch.bfloat16) == "bfloat16"
-    assert dtype_from_name("float8_e4m3fn") is torch.float8_e4m3fn
-    for bad in ["Tensor", "", "_C"]:
-        with pytest.raises(ValueError):
-            dtype_from_name(bad)
-
-
-# --- publisher -----------------------------------------------------------------------------
-
-
-def test_publish_recycles_buffers_only_when_no_stream_holds_them():
-    publisher = WeightPublisher(BUCKET_BYTES)
-    for version in (1, 2):
-        publisher.publish(version, _model(version).items())
-    with publisher.acquire() as v2:
-        v2_ptrs = [b.data_ptr() for b in v2.buckets]
-        publisher.publish(3, _model(3).items())  # v1 is free: its buffers are reused
-        publisher.publish(4, _model(4).items())  # v2 is held: fresh buffers, v2 untouched
-        with publisher.acquire(4) as v4:
-            assert not {b.data_ptr() for b in v4.buckets} & set(v2_ptrs)
-        assert {slot.name: flat for slot, flat in v2.tensors()}["big.weight"].equal(_model(2)["big.weight"].view(-1))
-    with publisher.acquire() as v4:
-        v4_ptrs = [b.data_ptr() for b in v4.buckets]
-    publisher.publish(5, _model(5).items())
-    with publisher.acquire() as v5:
-        assert v5.version == 5 and [b.data_ptr() for b in v5.buckets] != v4_ptrs
-
-
-def test_publish_refuses_old_versions_and_other_parameters():
-    publisher = WeightPublisher(BUCKET_BYTES)
-    with pytest.raises(RuntimeError, match="no version published"):
-        _ = publisher.plan
-    publisher.publish(3, _model(0).items())
-    with pytest.raises(ValueError, match="not newer"):
-        publisher.publish(3, _model(0).items())
-    with pytest.raises(ValueError, match="differ"):
-        publisher.publish(4, {**_model(0), "extra": torch.zeros(1)}.items())
-
-
-# --- gloo broadcast across processes ---------------------------------------------------------
 
 
 def _receiver(port: int, phases: list[tuple[str, int, int, int, list[bytes]]], results: mp.Queue) -> None:
@@ -183,7 +43,7 @@ def _receiver(port: int, phases: list[tuple[str, int, int, int, list[bytes]]], r
         for bucket in out or []:
             bucket.view(torch.uint8).fill_(0xFF)
         got = receive_broadcast(group, plans, out=out)
-        want = _model(seed)
+        want = small_model(seed)
         wrong = [n for n in want if n not in got or got[n].dtype != want[n].dtype or not torch.equal(got[n], want[n])]
         results.put((group_id, rank, sorted(got), wrong))
         group.close()
@@ -194,7 +54,7 @@ def test_broadcast_to_two_processes_then_reform_without_one():
     results = ctx.Queue()
     store = host_store("127.0.0.1", timeout=30)
     publisher = WeightPublisher(BUCKET_BYTES)
-    publisher.publish(1, _model(1).items())
+    publisher.publish(1, small_model(1).items())
     wire = [to_proto(p).SerializeToString() for p in publisher.plan]
     stays = ctx.Process(target=_receiver, args=(store.port, [("g1", 1, 3, 1, wire), ("g2", 1, 2, 2, wire)], results))
     leaves = ctx.Process(target=_receiver, args=(store.port, [("g1", 2, 3, 1, wire)], results))
@@ -204,14 +64,14 @@ def test_broadcast_to_two_processes_then_reform_without_one():
         group = WeightGroup.create("g1", "127.0.0.1", store.port, 0, 3, "gloo", timeout=30, store=store)
         assert publisher.broadcast(group) == 1
         first = sorted(results.get(timeout=30) for _ in range(2))
-        assert first == [("g1", r, sorted(_model(1)), []) for r in (1, 2)]
+        assert first == [("g1", r, sorted(small_model(1)), []) for r in (1, 2)]
         leaves.join(timeout=30)
         assert leaves.exitcode == 0
         group.close()
         # A member is gone: a new group id on the same store; no key of g1 is reused.
         group = WeightGroup.create("g2", "127.0.0.1", store.port, 0, 2, "gloo", timeout=30, store=store)
-        publisher.publish(2, _model(2).items(), group)  # packing overlapped with the broadcast
-        assert results.get(timeout=30) == ("g2", 1, sorted(_model(2)), [])
+        publisher.publish(2, small_model(2).items(), group)  # packing overlapped with the broadcast
+        assert results.get(timeout=30) == ("g2", 1, sorted(small_model(2)), [])
         group.close()
         stays.join(timeout=30)
         assert stays.exitcode == 0
@@ -315,15 +175,15 @@ async def _serve(servicer: WeightServicer, body: Callable[[str], Awaitable[T]]) 
 
 def test_pull_returns_exactly_the_newest_version():
     publisher = WeightPublisher(BUCKET_BYTES)
-    publisher.publish(1, _model(1).items())
-    publisher.publish(2, _model(2).items())
+    publisher.publish(1, small_model(1).items())
+    publisher.publish(2, small_model(2).items())
 
     async def body(address: str) -> tuple[int, dict[str, torch.Tensor]]:
         return await pull_weights(address, min_version=1, max_chunk_bytes=100)
 
     version, tensors = asyncio.run(_serve(WeightServicer(publisher), body))
     assert version == 2
-    _assert_same(tensors, {name: t.contiguous() for name, t in _model(2).items()})
+    assert_same(tensors, {name: t.contiguous() for name, t in small_model(2).items()})
 
 
 def test_missing_version_is_failed_precondition_and_empty_service_says_minus_one():
@@ -339,7 +199,7 @@ def test_missing_version_is_failed_precondition_and_empty_service_says_minus_one
 
     async def body(address: str) -> list[tuple[int, str]]:
         empty = await latest_and_error(address, 0)
-        publisher.publish(1, _model(1).items())
+        publisher.publish(1, small_model(1).items())
         return [empty, await latest_and_error(address, 5)]
 
     assert asyncio.run(_serve(WeightServicer(publisher), body)) == [
@@ -366,19 +226,19 @@ class _PublishMidStream(WeightServicer):
 
 def test_a_fetch_during_publishes_streams_one_consistent_version():
     publisher = WeightPublisher(BUCKET_BYTES)
-    publisher.publish(1, _model(1).items())
-    publisher.publish(2, _model(2).items())
+    publisher.publish(1, small_model(1).items())
+    publisher.publish(2, small_model(2).items())
 
     def publish_two_more() -> None:
-        publisher.publish(3, _model(3).items())  # reuses v1's buffers: free
-        publisher.publish(4, _model(4).items())  # v2 is streaming: must not be written
+        publisher.publish(3, small_model(3).items())  # reuses v1's buffers: free
+        publisher.publish(4, small_model(4).items())  # v2 is streaming: must not be written
 
     async def body(address: str) -> tuple[int, dict[str, torch.Tensor]]:
         return await pull_weights(address)
 
     version, tensors = asyncio.run(_serve(_PublishMidStream(publisher, publish_two_more), body))
     assert version == 2 and publisher.latest_version == 4
-    _assert_same(tensors, {name: t.contiguous() for name, t in _model(2).items()})
+    assert_same(tensors, {name: t.contiguous() for name, t in small_model(2).items()})
 
 
 def _chunk(name: str = "w", offset: int = 0, data: bytes = b"\0" * 8, **fields: object) -> wpb.FetchWeightsResponse:

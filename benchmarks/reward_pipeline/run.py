@@ -32,10 +32,8 @@ import asyncio
 import copy
 import json
 import logging
-import math
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,46 +52,15 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
 
 from rljob_api import parse_rljob  # noqa: E402
-from rljob_workers.driver.controller.loop import StepReport  # noqa: E402
+from rljob_workers.driver.controller.report import StepReport  # noqa: E402
 from rljob_workers.driver.local_run import LocalRun  # noqa: E402
 from rljob_workers.driver.setup import prepare  # noqa: E402
 
+sys.path.insert(0, str(HERE))  # the benchmark's own modules, also when loaded by file path
+from pipeline_measure import CONFIGS, Config, Measured, Snapshot, measure, table, targets  # noqa: E402
+
 MODEL = REPO / ".cache" / "models" / "tiny-arith"
 DATA = REPO / ".cache" / "data" / "arithmetic-train.jsonl"
-
-
-@dataclass(frozen=True)
-class Config:
-    name: str
-    label: str
-    max_staleness: int
-    dispatch: str
-    elastic: bool
-
-
-CONFIGS = {
-    c.name: c
-    for c in (
-        Config("sync", "(1) sync: generate, score batch, train", 0, "batch", False),
-        Config("one-step", "(2) one-step off-policy, group pipelining", 1, "group", False),
-        Config("async", "(3) async streaming, fixed pool", 2, "sample", False),
-        Config("async-elastic", "(3) async streaming, elastic pool", 2, "sample", True),
-    )
-}
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Cumulative clocks of a run, taken as a step finished."""
-
-    step: int
-    at: float
-    rollout_busy: float
-    trainer_busy: float
-    reward_service: float
-    replica_seconds: float
-    discarded_stale: int
-    group_latency_max: float
 
 
 @dataclass
@@ -135,71 +102,6 @@ class Probe:
                 group_latency_max=report.group_latency_max,
             )
         )
-
-
-@dataclass(frozen=True)
-class Measured:
-    """One configuration over its measured steps (after the warm-up)."""
-
-    config: str
-    steps: int
-    wall_per_step: float
-    trainer_idle: float
-    rollout_per_step: float
-    train_per_step: float
-    reward_work_per_step: float
-    replica_seconds: float
-    max_replicas: int
-    discarded_stale: int
-    reward_last5: float
-    latency_bound_per_step: float
-
-
-def latency_bound(group_latencies: list[float], train_per_step: float, max_staleness: int) -> float:
-    """The least s/step the groups' latency allows, however fast each stage is.
-
-    A group dispatched as step k's train step (and weight sync) ends must be trained by step
-    k + maxStaleness + 1, and that step ends a train step after the group is ready: so
-    maxStaleness + 1 steps take at least the group's latency (dispatch to last score) plus a
-    train step. Taken with the batch's slowest group, averaged over the steps. With
-    maxStaleness 0 it is exactly the synchronous step: generate and score, then train.
-    """
-    if not group_latencies:
-        return math.nan
-    return (statistics.fmean(group_latencies) + train_per_step) / (max_staleness + 1)
-
-
-def measure(config: Config, probe: Probe, reports: list[StepReport], warmup: int) -> Measured:
-    """Differences of the cumulative clocks between the warm-up's last step and the run's last."""
-    first, last = probe.snapshots[warmup - 1], probe.snapshots[-1]
-    steps = last.step - first.step
-    wall = last.at - first.at
-    latencies = [s.group_latency_max for s in probe.snapshots[warmup:]]
-    train_per_step = (last.trainer_busy - first.trainer_busy) / steps
-    return Measured(
-        config=config.name,
-        steps=steps,
-        wall_per_step=wall / steps,
-        trainer_idle=1.0 - (last.trainer_busy - first.trainer_busy) / wall,
-        rollout_per_step=(last.rollout_busy - first.rollout_busy) / steps,
-        train_per_step=train_per_step,
-        reward_work_per_step=(last.reward_service - first.reward_service) / steps,
-        replica_seconds=last.replica_seconds - first.replica_seconds,
-        max_replicas=probe.max_replicas,
-        discarded_stale=last.discarded_stale - first.discarded_stale,
-        reward_last5=statistics.fmean(r.reward_mean for r in reports[-5:]) if reports else math.nan,
-        latency_bound_per_step=latency_bound(latencies, train_per_step, config.max_staleness),
-    )
-
-
-def limit_per_step(m: Measured, slots: int) -> float:
-    """The fastest a step of this run can go: its slowest stage, each at the cost it had in this run.
-
-    On separate GPU pools a stage costs the same however the pipeline overlaps it; on one small
-    CPU machine the overlapped stages share cores and each gets slower, so the stage times of
-    the run itself are what its pipeline can be held to (the sync run's are printed beside).
-    """
-    return max(m.rollout_per_step, m.train_per_step, m.reward_work_per_step / slots)
 
 
 def job_doc(config: Config, args: argparse.Namespace, work: Path) -> dict[str, Any]:
@@ -259,73 +161,6 @@ def run_in_subprocess(name: str, argv: list[str], work: Path) -> Measured:
     return Measured(**json.loads(out.read_text()))
 
 
-def table(results: list[Measured], args: argparse.Namespace) -> tuple[str, dict[str, dict[str, float]]]:
-    by_name = {m.config: m for m in results}
-    stages = by_name.get("sync")
-    slots = args.replicas * args.in_flight
-    header = (
-        "| configuration | s/step | vs sync | trainer idle | rollout s/step | train s/step "
-        "| reward work ÷ capacity | limit s/step | efficiency | latency bound s/step | replica-s | stale |"
-    )
-    lines = [header, "|---" * (header.count("|") - 1) + "|"]
-    derived: dict[str, dict[str, float]] = {}
-    for m in results:
-        limit = limit_per_step(m, slots)
-        speedup = stages.wall_per_step / m.wall_per_step if stages else float("nan")
-        derived[m.config] = {"limit_per_step": limit, "efficiency": limit / m.wall_per_step, "vs_sync": speedup}
-        lines.append(
-            f"| {CONFIGS[m.config].label} | {m.wall_per_step:.3f} | {speedup:.2f}× | {100 * m.trainer_idle:.1f}% "
-            f"| {m.rollout_per_step:.3f} | {m.train_per_step:.3f} | {m.reward_work_per_step / slots:.3f} "
-            f"| {limit:.3f} | {limit / m.wall_per_step:.2f} | {m.latency_bound_per_step:.3f} "
-            f"| {m.replica_seconds:.0f} | {m.discarded_stale} |"
-        )
-    if stages is not None and "async" in by_name:
-        overlapped = by_name["async"]
-        lines.append(
-            f"\nstages alone (sync): rollout {stages.rollout_per_step:.3f} s, "
-            f"train {stages.train_per_step:.3f} s per step; "
-            f"overlapped (async): rollout ×{overlapped.rollout_per_step / stages.rollout_per_step:.2f}, "
-            f"train ×{overlapped.train_per_step / stages.train_per_step:.2f} (the pools share the machine's cores)"
-        )
-    if "async" in by_name and "async-elastic" in by_name:
-        fixed, elastic = by_name["async"], by_name["async-elastic"]
-        saved = 1 - elastic.replica_seconds / fixed.replica_seconds
-        slower = elastic.wall_per_step / fixed.wall_per_step - 1
-        derived["async-elastic"].update(replica_seconds_saved=saved, wall_increase=slower)
-        lines.append(
-            f"\nelastic vs fixed pool: {100 * saved:.0f}% fewer replica-seconds "
-            f"({elastic.replica_seconds:.0f} vs {fixed.replica_seconds:.0f}), {100 * slower:+.1f}% wall per step; "
-            f"elastic peaked at {elastic.max_replicas} replicas"
-        )
-    return "\n".join(lines), derived
-
-
-def targets(results: list[Measured], derived: dict[str, dict[str, float]]) -> list[str]:
-    """The issue's targets, each marked met or missed (the benchmark reports; it does not assert)."""
-    by_name = {m.config: m for m in results}
-    out = []
-
-    def check(ok: bool, text: str) -> None:
-        out.append(f"[{'met' if ok else 'MISSED'}] {text}")
-
-    for name in ("async", "async-elastic"):
-        if name in by_name and "sync" in by_name:
-            check(
-                derived[name]["vs_sync"] >= 2.5,
-                f"{name}: {derived[name]['vs_sync']:.2f}× faster per step than sync (≥ 2.5)",
-            )
-        if name in by_name:
-            idle = by_name[name].trainer_idle
-            check(idle <= 0.05, f"{name}: trainer idle {100 * idle:.1f}% (≤ 5%)")
-            eff = derived[name]["efficiency"]
-            check(eff >= 0.9, f"{name}: {eff:.2f} of the limit (≥ 0.9)")
-    if "replica_seconds_saved" in derived.get("async-elastic", {}):
-        saved, slower = derived["async-elastic"]["replica_seconds_saved"], derived["async-elastic"]["wall_increase"]
-        check(saved >= 0.3, f"elastic: {100 * saved:.0f}% fewer replica-seconds than the fixed pool (≥ 30%)")
-        check(slower <= 0.05, f"elastic: {100 * slower:+.1f}% wall per step vs the fixed pool (≤ +5%)")
-    return out
-
-
 def _without(argv: list[str], *options: str) -> list[str]:
     """argv minus the given options and their values (both `--opt v` and `--opt=v`)."""
     out, skip = [], False
@@ -351,7 +186,7 @@ def ensure_assets(model: Path, data: Path) -> None:
         write_jsonl(data, make_problems(4096, seed=10_000))
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, from: " + ", ".join(CONFIGS))
     parser.add_argument("--steps", type=int, default=40)
@@ -379,6 +214,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=DATA, help="prompts, JSON lines (written if missing)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--one", type=Path, default=None, help=argparse.SUPPRESS)  # internal: run one config
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.configs.split(",") if n.strip()]
     unknown = [n for n in names if n not in CONFIGS]
@@ -404,8 +244,20 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix=f"rljob-reward-bench-{name}-") as tmp:
             args.one.write_text(json.dumps(asdict(run_config(CONFIGS[name], args, Path(tmp)))))
         return 0
+    results = run_all(names, _without(list(sys.argv[1:] if argv is None else argv), "--configs", "--json"))
+    text, derived = table(results, args)
+    print()
+    print(text)
+    print()
+    print("\n".join(targets(results, derived)))
+    if args.json is not None:
+        write_json(args.json, args, results, derived)
+    return 0
+
+
+def run_all(names: list[str], passed_on: list[str]) -> list[Measured]:
+    """Each configuration in a process of its own, one after the other."""
     results: list[Measured] = []
-    passed_on = _without(list(sys.argv[1:] if argv is None else argv), "--configs", "--json")
     with tempfile.TemporaryDirectory(prefix="rljob-reward-bench-") as tmp:
         for name in names:
             started = time.monotonic()
@@ -417,28 +269,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"reward (last 5 steps) {measured.reward_last5:.3f}; {time.monotonic() - started:.0f}s in all",
                 flush=True,
             )
-    text, derived = table(results, args)
-    print()
-    print(text)
-    print()
-    print("\n".join(targets(results, derived)))
-    if args.json is not None:
-        args.json.write_text(
-            json.dumps(
-                {
-                    "args": {k: v if not isinstance(v, Path) else str(v) for k, v in vars(args).items()},
-                    "machine": {
-                        "cores": os.cpu_count(),
-                        "python": sys.version.split()[0],
-                        "platform": platform.platform(),
-                    },
-                    "results": [asdict(m) for m in results],
-                    "derived": derived,
-                },
-                indent=2,
-            )
-        )
-    return 0
+    return results
+
+
+def write_json(
+    path: Path, args: argparse.Namespace, results: list[Measured], derived: dict[str, dict[str, float]]
+) -> None:
+    machine = {"cores": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()}
+    document = {
+        "args": {k: v if not isinstance(v, Path) else str(v) for k, v in vars(args).items()},
+        "machine": machine,
+        "results": [asdict(m) for m in results],
+        "derived": derived,
+    }
+    path.write_text(json.dumps(document, indent=2))
 
 
 if __name__ == "__main__":

@@ -34,9 +34,8 @@ def limit_threads(cpus: float) -> None:
     torch.set_num_threads(max(1, int(cpus)))
 
 
-@ray.remote
-class RolloutActor:
-    """One rollout replica: an engine behind a RolloutService."""
+class _ServerActor:
+    """A pool replica that hosts one gRPC server in its Ray worker process."""
 
     def __init__(self, config_json: str, cpus: float, index: int) -> None:
         limit_threads(cpus)
@@ -44,6 +43,15 @@ class RolloutActor:
         self.index = index
         self.server: Any = None
         self.servicer: Any = None
+
+    def pod_name(self) -> str:
+        """The Kubernetes pod this replica runs in (the operator deletes a drained reward pod); '' locally."""
+        return os.environ.get("POD_NAME", "")
+
+
+@ray.remote
+class RolloutActor(_ServerActor):
+    """One rollout replica: an engine behind a RolloutService."""
 
     async def start(self) -> str:
         from rljob_api.workercfg import RolloutWorkerConfig
@@ -56,9 +64,6 @@ class RolloutActor:
         self.server, self.servicer = await serve_rollout(config, host, 0)
         return f"{host}:{self.server.port}"
 
-    def pod_name(self) -> str:
-        return os.environ.get("POD_NAME", "")
-
     async def stop(self) -> None:
         if self.server is not None:
             await self.server.stop(None)
@@ -66,14 +71,8 @@ class RolloutActor:
 
 
 @ray.remote
-class RewardActor:
+class RewardActor(_ServerActor):
     """One reward replica: the job's reward functions behind a RewardService."""
-
-    def __init__(self, config_json: str, cpus: float, index: int) -> None:
-        limit_threads(cpus)
-        self.config_json = config_json
-        self.server: Any = None
-        self.servicer: Any = None
 
     async def start(self) -> str:
         from rljob_api.workercfg import RewardWorkerConfig
@@ -83,10 +82,6 @@ class RewardActor:
         config = RewardWorkerConfig.model_validate_json(self.config_json)
         self.server, self.servicer = await serve_reward(config, host, 0)
         return f"{host}:{self.server.port}"
-
-    def pod_name(self) -> str:
-        """The Kubernetes pod this replica runs in (the operator deletes it once drained); '' locally."""
-        return os.environ.get("POD_NAME", "")
 
     async def stop(self) -> None:
         if self.server is not None:

@@ -20,7 +20,8 @@ from rljob_workers.common.grpc_server import RunningServer, Service, start_serve
 from rljob_workers.driver.controller.data import load_prompts
 from rljob_workers.driver.controller.elastic import ElasticRewardPool
 from rljob_workers.driver.controller.idle import IdleMeter
-from rljob_workers.driver.controller.loop import Controller, RunFailed, StepReport
+from rljob_workers.driver.controller.loop import Controller
+from rljob_workers.driver.controller.report import RunFailed, StepReport
 from rljob_workers.driver.controller.rollout_clients import RolloutClients
 from rljob_workers.driver.controller.status import ControlServicer, RunView
 from rljob_workers.driver.controller.weight_sync import WeightSync
@@ -68,6 +69,8 @@ class LocalRun:
         self.weight_sync: WeightSync | None = None
         self.elastic: ElasticRewardPool | None = None
         self.idle = {pool: IdleMeter() for pool in ("rollout", "trainer", "reward")}
+        self.metrics = RunMetrics(job.metadata.name)
+        self.progress = Progress(job.metadata.name, live=display)
 
     # ---- start ---------------------------------------------------------------------------
     def _resume_dir(self) -> Path | None:
@@ -139,58 +142,33 @@ class LocalRun:
         c = self.configs
         started = time.monotonic()
         trainer = await self._start_pools(resume_dir)
-        backend = c.controller.weight_sync.backend
-        if backend == "auto":
-            backend = "nccl" if c.rollout.gpus > 0 and c.trainer.gpus_per_node > 0 else "gloo"
-        self.weight_sync = WeightSync(trainer, self.clients, backend, c.controller.weight_sync.timeout_seconds)
-        version = int(state.get("policy_version", 0))
-        await self.weight_sync.publish_initial(version)
-        if version > 0:
-            await asyncio.gather(*(self.weight_sync.catch_up(r, version) for r in self.clients.live()))
-        metrics = RunMetrics(self.job.metadata.name)
-        port = metrics.serve(self.metrics_port, self.serve_host)
-        jsonl = JsonlWriter(self.output / "metrics.jsonl")
-        progress = Progress(self.job.metadata.name, live=self.display)
-        reports = self.reports
-
-        def on_step(report: StepReport) -> None:
-            reports.append(report)
-            if self.step_hook is not None:
-                self.step_hook(self, report)
-            metrics.update(report)
-            jsonl.write(report)
-            view.last = report
-            progress.update(view.snapshot(), step_done=True)
-
-        self.controller = Controller(
+        weight_sync, version = await self._sync_first_weights(trainer, int(state.get("policy_version", 0)))
+        self.jsonl = JsonlWriter(self.output / "metrics.jsonl")
+        self.controller = controller = Controller(
             config=c.controller,
             prompts=prompts,
             rollout=self.clients,
             scorer=self.router,
             trainer=trainer,
-            sync_weights=self.weight_sync,
-            on_step=on_step,
+            sync_weights=weight_sync,
+            on_step=self._on_step,
             step=int(state.get("step", 0)),
             version=version,
         )
         view = self.view = RunView(
-            self.controller,
+            controller,
             c.controller.algorithm.total_steps,
             self._pool_sizes,
-            stop_requested=self.controller.stop,
+            stop_requested=controller.stop,
             idle=self.idle_fractions,
         )
+        port = self.metrics.serve(self.metrics_port, self.serve_host)
         self.control = await self._serve_control(view)
         log.info(
             "pools up in %.1fs; ControlService on %s:%d, metrics on http://%s:%d/metrics",
-            time.monotonic() - started,
-            self.serve_host,
-            self.control.port,
-            self.serve_host,
-            port,
+            *(time.monotonic() - started, self.serve_host, self.control.port, self.serve_host, port),
         )
         view.phase = control_pb.RUN_PHASE_RUNNING
-        controller = self.controller
         self.elastic = ElasticRewardPool(
             self.router,
             self.reward,
@@ -200,25 +178,49 @@ class LocalRun:
             drain_timeout=c.controller.reward_timeout_seconds,
         )
         self.elastic.desired = len(self.reward.actors)
-        rc = 0
-        with progress:
-            background = [
-                asyncio.create_task(self._tick(progress, view, metrics)),
-                asyncio.create_task(self.elastic.run()),
-            ]
+        rc = await self._drive(controller, view, self.elastic)
+        self.progress.final(view.snapshot())
+        self._summary(rc, view, self.reports)
+        return rc
+
+    async def _sync_first_weights(self, trainer: RayTrainer, version: int) -> tuple[WeightSync, int]:
+        """Publish the trainer's weights as `version` and bring every rollout replica to it."""
+        c = self.configs
+        backend = c.controller.weight_sync.backend
+        if backend == "auto":
+            backend = "nccl" if c.rollout.gpus > 0 and c.trainer.gpus_per_node > 0 else "gloo"
+        sync = self.weight_sync = WeightSync(trainer, self.clients, backend, c.controller.weight_sync.timeout_seconds)
+        await sync.publish_initial(version)
+        if version > 0:
+            await asyncio.gather(*(sync.catch_up(r, version) for r in self.clients.live()))
+        return sync, version
+
+    def _on_step(self, report: StepReport) -> None:
+        self.reports.append(report)
+        if self.step_hook is not None:
+            self.step_hook(self, report)
+        self.metrics.update(report)
+        self.jsonl.write(report)
+        if self.view is not None:
+            self.view.last = report
+            self.progress.update(self.view.snapshot(), step_done=True)
+
+    async def _drive(self, controller: Controller, view: RunView, elastic: ElasticRewardPool) -> int:
+        """Run the controller to its end beside the display tick and elastic scaling; the exit code."""
+        with self.progress:
+            background = [asyncio.create_task(self._tick(view)), asyncio.create_task(elastic.run())]
             try:
-                await self.controller.run()
+                await controller.run()
                 view.phase = control_pb.RUN_PHASE_SUCCEEDED
+                return 0
             except RunFailed as exc:
-                view.phase, view.message, rc = control_pb.RUN_PHASE_FAILED, str(exc), 1
+                view.phase, view.message = control_pb.RUN_PHASE_FAILED, str(exc)
+                return 1
             finally:
                 for task in background:
                     task.cancel()
-        progress.final(view.snapshot())
-        self._summary(rc, view, reports)
-        return rc
 
-    async def _tick(self, progress: Progress, view: RunView, metrics: RunMetrics) -> None:
+    async def _tick(self, view: RunView) -> None:
         while True:
             now = time.monotonic()
             busy = {
@@ -228,8 +230,8 @@ class LocalRun:
             }
             for pool, meter in self.idle.items():
                 meter.record(now, busy[pool])
-            metrics.set_idle(self.idle_fractions())
-            progress.update(view.snapshot(), step_done=False)
+            self.metrics.set_idle(self.idle_fractions())
+            self.progress.update(view.snapshot(), step_done=False)
             await asyncio.sleep(0.2)
 
     def idle_fractions(self) -> dict[str, float]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from rljob_workers.driver.controller.loop import Counts, StepReport
+from rljob_workers.driver.controller.report import Counts, StepReport
 
 COUNT_HELP = {
     "generated": "Completions received from rollout",

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from rljob.v1 import control_service_pb2 as pb
 from rljob.v1 import control_service_pb2_grpc as pb_grpc
-from rljob_workers.driver.controller.loop import Controller, StepReport
+from rljob_workers.driver.controller.loop import Controller
+from rljob_workers.driver.controller.report import StepReport
 
 
 @dataclass
@@ -33,15 +34,7 @@ class RunView:
             step=c.step,
             total_steps=self.total_steps,
             policy_version=c.version,
-            samples=pb.SampleCounts(
-                generated=counts.generated,
-                scored=counts.scored,
-                trained=counts.trained,
-                discarded_stale=counts.discarded_stale,
-                excluded_reward_error=counts.excluded_reward_error,
-                lost_replica=counts.lost_replica,
-                reward_retries=counts.reward_retries,
-            ),
+            samples=pb.SampleCounts(**asdict(counts)),  # the same names on both sides
             checkpoint=c.last_checkpoint or "",
             message=self.message,
         )

@@ -1,0 +1,186 @@
+"""The reward_pipeline benchmark's arithmetic: configurations, clocks, what a run measured, the
+table and the targets. Pure functions of the probes' numbers; `run.py` runs the jobs."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from rljob_workers.driver.controller.report import StepReport
+
+
+@dataclass(frozen=True)
+class Config:
+    name: str
+    label: str
+    max_staleness: int
+    dispatch: str
+    elastic: bool
+
+
+CONFIGS = {
+    c.name: c
+    for c in (
+        Config("sync", "(1) sync: generate, score batch, train", 0, "batch", False),
+        Config("one-step", "(2) one-step off-policy, group pipelining", 1, "group", False),
+        Config("async", "(3) async streaming, fixed pool", 2, "sample", False),
+        Config("async-elastic", "(3) async streaming, elastic pool", 2, "sample", True),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Cumulative clocks of a run, taken as a step finished."""
+
+    step: int
+    at: float
+    rollout_busy: float
+    trainer_busy: float
+    reward_service: float
+    replica_seconds: float
+    discarded_stale: int
+    group_latency_max: float
+
+
+class Probed(Protocol):
+    """What `measure` reads of a run's probe."""
+
+    snapshots: list[Snapshot]
+    max_replicas: int
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One configuration over its measured steps (after the warm-up)."""
+
+    config: str
+    steps: int
+    wall_per_step: float
+    trainer_idle: float
+    rollout_per_step: float
+    train_per_step: float
+    reward_work_per_step: float
+    replica_seconds: float
+    max_replicas: int
+    discarded_stale: int
+    reward_last5: float
+    latency_bound_per_step: float
+
+
+def latency_bound(group_latencies: list[float], train_per_step: float, max_staleness: int) -> float:
+    """The least s/step the groups' latency allows, however fast each stage is.
+
+    A group dispatched as step k's train step (and weight sync) ends must be trained by step
+    k + maxStaleness + 1, and that step ends a train step after the group is ready: so
+    maxStaleness + 1 steps take at least the group's latency (dispatch to last score) plus a
+    train step. Taken with the batch's slowest group, averaged over the steps. With
+    maxStaleness 0 it is exactly the synchronous step: generate and score, then train.
+    """
+    if not group_latencies:
+        return math.nan
+    return (statistics.fmean(group_latencies) + train_per_step) / (max_staleness + 1)
+
+
+def measure(config: Config, probe: Probed, reports: Sequence[StepReport], warmup: int) -> Measured:
+    """Differences of the cumulative clocks between the warm-up's last step and the run's last."""
+    first, last = probe.snapshots[warmup - 1], probe.snapshots[-1]
+    steps = last.step - first.step
+    wall = last.at - first.at
+    latencies = [s.group_latency_max for s in probe.snapshots[warmup:]]
+    train_per_step = (last.trainer_busy - first.trainer_busy) / steps
+    return Measured(
+        config=config.name,
+        steps=steps,
+        wall_per_step=wall / steps,
+        trainer_idle=1.0 - (last.trainer_busy - first.trainer_busy) / wall,
+        rollout_per_step=(last.rollout_busy - first.rollout_busy) / steps,
+        train_per_step=train_per_step,
+        reward_work_per_step=(last.reward_service - first.reward_service) / steps,
+        replica_seconds=last.replica_seconds - first.replica_seconds,
+        max_replicas=probe.max_replicas,
+        discarded_stale=last.discarded_stale - first.discarded_stale,
+        reward_last5=statistics.fmean(r.reward_mean for r in reports[-5:]) if reports else math.nan,
+        latency_bound_per_step=latency_bound(latencies, train_per_step, config.max_staleness),
+    )
+
+
+def limit_per_step(m: Measured, slots: int) -> float:
+    """The fastest a step of this run can go: its slowest stage, each at the cost it had in this run.
+
+    On separate GPU pools a stage costs the same however the pipeline overlaps it; on one small
+    CPU machine the overlapped stages share cores and each gets slower, so the stage times of
+    the run itself are what its pipeline can be held to (the sync run's are printed beside).
+    """
+    return max(m.rollout_per_step, m.train_per_step, m.reward_work_per_step / slots)
+
+
+def table(results: list[Measured], args: argparse.Namespace) -> tuple[str, dict[str, dict[str, float]]]:
+    by_name = {m.config: m for m in results}
+    stages = by_name.get("sync")
+    slots = args.replicas * args.in_flight
+    header = (
+        "| configuration | s/step | vs sync | trainer idle | rollout s/step | train s/step "
+        "| reward work ÷ capacity | limit s/step | efficiency | latency bound s/step | replica-s | stale |"
+    )
+    lines = [header, "|---" * (header.count("|") - 1) + "|"]
+    derived: dict[str, dict[str, float]] = {}
+    for m in results:
+        limit = limit_per_step(m, slots)
+        speedup = stages.wall_per_step / m.wall_per_step if stages else float("nan")
+        derived[m.config] = {"limit_per_step": limit, "efficiency": limit / m.wall_per_step, "vs_sync": speedup}
+        lines.append(
+            f"| {CONFIGS[m.config].label} | {m.wall_per_step:.3f} | {speedup:.2f}× | {100 * m.trainer_idle:.1f}% "
+            f"| {m.rollout_per_step:.3f} | {m.train_per_step:.3f} | {m.reward_work_per_step / slots:.3f} "
+            f"| {limit:.3f} | {limit / m.wall_per_step:.2f} | {m.latency_bound_per_step:.3f} "
+            f"| {m.replica_seconds:.0f} | {m.discarded_stale} |"
+        )
+    if stages is not None and "async" in by_name:
+        overlapped = by_name["async"]
+        lines.append(
+            f"\nstages alone (sync): rollout {stages.rollout_per_step:.3f} s, "
+            f"train {stages.train_per_step:.3f} s per step; "
+            f"overlapped (async): rollout ×{overlapped.rollout_per_step / stages.rollout_per_step:.2f}, "
+            f"train ×{overlapped.train_per_step / stages.train_per_step:.2f} (the pools share the machine's cores)"
+        )
+    if "async" in by_name and "async-elastic" in by_name:
+        fixed, elastic = by_name["async"], by_name["async-elastic"]
+        saved = 1 - elastic.replica_seconds / fixed.replica_seconds
+        slower = elastic.wall_per_step / fixed.wall_per_step - 1
+        derived["async-elastic"].update(replica_seconds_saved=saved, wall_increase=slower)
+        lines.append(
+            f"\nelastic vs fixed pool: {100 * saved:.0f}% fewer replica-seconds "
+            f"({elastic.replica_seconds:.0f} vs {fixed.replica_seconds:.0f}), {100 * slower:+.1f}% wall per step; "
+            f"elastic peaked at {elastic.max_replicas} replicas"
+        )
+    return "\n".join(lines), derived
+
+
+def targets(results: list[Measured], derived: dict[str, dict[str, float]]) -> list[str]:
+    """The issue's targets, each marked met or missed (the benchmark reports; it does not assert)."""
+    by_name = {m.config: m for m in results}
+    out = []
+
+    def check(ok: bool, text: str) -> None:
+        out.append(f"[{'met' if ok else 'MISSED'}] {text}")
+
+    for name in ("async", "async-elastic"):
+        if name in by_name and "sync" in by_name:
+            check(
+                derived[name]["vs_sync"] >= 2.5,
+                f"{name}: {derived[name]['vs_sync']:.2f}× faster per step than sync (≥ 2.5)",
+            )
+        if name in by_name:
+            idle = by_name[name].trainer_idle
+            check(idle <= 0.05, f"{name}: trainer idle {100 * idle:.1f}% (≤ 5%)")
+            eff = derived[name]["efficiency"]
+            check(eff >= 0.9, f"{name}: {eff:.2f} of the limit (≥ 0.9)")
+    if "replica_seconds_saved" in derived.get("async-elastic", {}):
+        saved, slower = derived["async-elastic"]["replica_seconds_saved"], derived["async-elastic"]["wall_increase"]
+        check(saved >= 0.3, f"elastic: {100 * saved:.0f}% fewer replica-seconds than the fixed pool (≥ 30%)")
+        check(slower <= 0.05, f"elastic: {100 * slower:+.1f}% wall per step vs the fixed pool (≤ +5%)")
+    return out

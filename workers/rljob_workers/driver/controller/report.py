@@ -1,0 +1,63 @@
+"""What the controller reports and what it needs of the pools: its counts, each step's report,
+the failure that ends a run, and the trainer and scorer protocols."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from rljob.v1 import sample_pb2
+from rljob_workers.trainer.policy import TrainSample
+
+
+class RunFailed(RuntimeError):
+    """The run cannot go on; the message says why, naming the sample and function where one failed."""
+
+
+class Trainer(Protocol):
+    """What the controller needs of the trainer pool (Ray actors behind it)."""
+
+    async def train_step(self, samples: list[TrainSample]) -> dict[str, float]: ...
+    async def save_checkpoint(self, step: int, version: int, controller_state: dict[str, Any]) -> str: ...
+
+
+class Scorer(Protocol):
+    """What the controller needs of the reward pool (the router)."""
+
+    async def score(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore: ...
+
+
+@dataclass
+class Counts:
+    """Samples through the pipeline; nothing leaves it uncounted."""
+
+    generated: int = 0
+    scored: int = 0
+    trained: int = 0
+    discarded_stale: int = 0
+    excluded_reward_error: int = 0
+    lost_replica: int = 0
+    reward_retries: int = 0
+
+
+@dataclass
+class StepReport:
+    """What one train step did, for metrics, the display and the tests."""
+
+    step: int
+    version: int
+    reward_mean: float
+    reward_std: float
+    staleness_mean: float
+    staleness_max: int
+    samples: int
+    prompt_ids: list[str]
+    train_metrics: dict[str, float]
+    step_seconds: float
+    wait_seconds: float
+    elapsed_seconds: float
+    counts: Counts
+    checkpoint: str | None = None
+    # The batch's slowest group, from dispatch to its last score. maxStaleness + 1 steps take at
+    # least this plus a train step, or the trainer waits (the reward_pipeline benchmark's latency bound).
+    group_latency_max: float = 0.0
