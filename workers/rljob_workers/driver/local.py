@@ -35,11 +35,18 @@ def run_local(args: argparse.Namespace) -> int:
         print(exc, file=sys.stderr)
         return 2
     output = Path(args.output or Path("rljob-runs") / job.metadata.name).resolve()
-    use_loopback_ray()
+    if not args.cluster:
+        use_loopback_ray()
     from rljob_workers.driver.local_run import LocalRun
 
     run = LocalRun(
-        job, configs, output, resume=args.resume, display=not args.no_display, metrics_port=args.metrics_port
+        job,
+        configs,
+        output,
+        resume=args.resume,
+        display=not args.no_display,
+        metrics_port=args.metrics_port,
+        cluster=args.cluster,
     )
     try:
         return asyncio.run(run.main())

@@ -56,7 +56,9 @@ class LocalRun:
         self.job, self.configs, self.output = job, configs, output
         self.step_hook = step_hook
         self.reports: list[StepReport] = []
-        self.resume, self.display, self.metrics_port = resume, display, metrics_port
+        self.resume, self.display = resume, display
+        # On a cluster the spec's port, where the chart's scrapers look; locally a free one unless given.
+        self.metrics_port = metrics_port or (configs.ports.metrics if cluster else 0)
         spec = job.spec
         self.cpus = {"rollout": spec.rollout.cpus, "reward": spec.reward.cpus, "trainer": spec.trainer.cpus}
         self.rollout: ActorPool = rollout_pool(configs, spec.rollout.cpus)

@@ -1,0 +1,208 @@
+"""`rljob run --cluster`, the driver pod's command, tested without Kubernetes.
+
+A Ray head with the three pools' resources runs in a network namespace of its own (a stand-in
+for the KubeRay head pod, with a 198.18.0.0/15 address); `rljob run --cluster` runs beside it in
+the same namespace, as the driver pod does. From outside the namespace the test reads the
+ControlService with `rljob status` and the metrics over HTTP at the spec's ports, the way the
+operator and Prometheus reach a driver pod, and watches that no second Ray is started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rljob_api.workercfg import Ports, pool_resource
+from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
+
+from conftest import REPO
+from tiny_models import char_llama
+
+pytestmark = pytest.mark.ray
+
+BIN = Path(sys.executable).parent
+NETNS = f"rljob-drv{os.getpid()}"
+HOST_IP, POD_IP = "198.18.250.1", "198.18.250.2"  # the benchmarking range, never a private one
+RAY_PORT = 6390
+
+
+def _missing() -> str | None:
+    """What this machine lacks for the test, or None."""
+    if os.geteuid() != 0:
+        return "root, to create a network namespace"
+    if shutil.which("ip") is None:
+        return "iproute2's `ip` command"
+    if not (BIN / "ray").exists() or not (BIN / "rljob").exists():
+        return f"the `ray` and `rljob` commands in {BIN}"
+    return None
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@pytest.fixture
+def netns() -> Iterator[str]:
+    """A network namespace joined to this one by a veth pair: POD_IP inside, HOST_IP outside."""
+    missing = _missing()
+    if missing is not None:
+        pytest.skip(f"needs {missing}")
+    host_if, pod_if = f"rjh{os.getpid() % 100000}", f"rjp{os.getpid() % 100000}"
+    _ip("netns", "add", NETNS)
+    try:
+        _ip("link", "add", host_if, "type", "veth", "peer", "name", pod_if)
+        _ip("link", "set", pod_if, "netns", NETNS)
+        _ip("addr", "add", f"{HOST_IP}/30", "dev", host_if)
+        _ip("link", "set", host_if, "up")
+        for args in (
+            ("addr", "add", f"{POD_IP}/30", "dev", pod_if),
+            ("link", "set", pod_if, "up"),
+            ("link", "set", "lo", "up"),
+        ):
+            _ip("netns", "exec", NETNS, "ip", *args)
+        yield NETNS
+    finally:
+        subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)  # takes the veth pair with it
+
+
+def _pod_env() -> dict[str, str]:
+    """The environment of a process in a pod: this one's, less what a fresh container lacks.
+
+    Ray turns token authentication on for `ray start` when ~/.ray/auth_token exists (a local
+    `ray.init()` on this machine writes one), but not for a driver connecting by address; in a
+    pod there is no such file, so both sides run without it, as here.
+    """
+    return {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+
+
+def _in_netns(netns: str, *command: str) -> list[str]:
+    return ["ip", "netns", "exec", netns, *command]
+
+
+def _processes_with(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def _gcs_servers() -> int:
+    """Ray clusters on this machine: each runs one gcs_server."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                count += (entry / "comm").read_text().strip() == "gcs_server"
+            except OSError:
+                continue
+    return count
+
+
+@pytest.fixture
+def ray_head(netns: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`ray start --head` in the namespace, with one of each pool's resources (plus a spare rollout)."""
+    temp_dir = Path(f"/tmp/rjc{os.getpid()}")  # Ray's socket paths must stay short
+    resources = {pool_resource("rollout"): 2, pool_resource("reward"): 1, pool_resource("trainer"): 1}
+    command = [
+        str(BIN / "ray"),
+        *("start", "--head", "--block", f"--node-ip-address={POD_IP}", f"--port={RAY_PORT}"),
+        *("--num-cpus=4", "--num-gpus=0", f"--resources={json.dumps(resources)}", f"--temp-dir={temp_dir}"),
+        *("--include-dashboard=false", "--disable-usage-stats"),
+    ]
+    log = (tmp_path_factory.mktemp("head") / "head.log").open("w")
+    head = subprocess.Popen(
+        _in_netns(netns, *command), stdout=log, stderr=subprocess.STDOUT, env=_pod_env(), start_new_session=True
+    )
+    try:
+        _wait_for_port(POD_IP, RAY_PORT, 60, head)
+        yield f"{POD_IP}:{RAY_PORT}"
+    finally:
+        # Killed outright: a graceful `ray stop` drains for 30 s, and nothing of this cluster is kept.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(head.pid, signal.SIGKILL)
+        head.wait(30)
+        for pid in _processes_with(str(temp_dir)):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def _wait_for_port(host: str, port: int, seconds: float, process: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise AssertionError(f"{process.args!r} exited with {process.returncode} before {host}:{port} opened")
+        with socket.socket() as sock:
+            sock.settimeout(1)
+            if sock.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"nothing listens on {host}:{port} after {seconds:.0f}s")
+
+
+def _job_file(root: Path) -> Path:
+    char_llama(root / "model", eos_bias=3.0)
+    write_jsonl(root / "train.jsonl", make_problems(256, seed=1))
+    doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
+    spec = doc["spec"]
+    spec["model"]["path"] = str(root / "model")
+    spec["data"]["path"] = str(root / "train.jsonl")
+    spec["checkpoint"] = {"dir": str(root / "ckpt"), "everySteps": 10}
+    spec["algorithm"].update(groupSize=4, promptsPerStep=4, totalSteps=12)
+    spec["rollout"]["sampling"]["maxNewTokens"] = 6
+    path = root / "rljob.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_cluster_run_joins_the_ray_it_is_given_and_serves_at_the_spec_ports(ray_head, netns, tmp_path):
+    job_file = _job_file(tmp_path)
+    ports = Ports()  # the defaults the operator's Services point at
+    clusters_before = _gcs_servers()
+    env = {**_pod_env(), "RAY_ADDRESS": ray_head}
+    log_path = tmp_path / "driver.log"
+    with log_path.open("w") as log:
+        command = _in_netns(netns, str(BIN / "rljob"), "run", "--cluster", "--no-display", str(job_file))
+        driver = subprocess.Popen(
+            [*command, "--output", str(tmp_path / "out")], stdout=log, stderr=subprocess.STDOUT, env=env
+        )
+        try:
+            _wait_for_port(POD_IP, ports.control, 120, driver)
+            status = subprocess.run(
+                [str(BIN / "rljob"), "status", f"{POD_IP}:{ports.control}"], capture_output=True, text=True, timeout=30
+            )
+            metrics = urllib.request.urlopen(f"http://{POD_IP}:{ports.metrics}/metrics", timeout=10).read().decode()
+            clusters_during = _gcs_servers()
+            rc = driver.wait(240)
+        finally:
+            if driver.poll() is None:
+                driver.kill()
+    output = log_path.read_text()
+    assert rc == 0, output[-3000:]
+    assert clusters_during == clusters_before, f"the driver started a Ray of its own:\n{output[-3000:]}"
+    assert "Started a local Ray instance" not in output
+    assert status.returncode == 0, status.stderr
+    assert "rollout 1/1  trainer 1/1  reward 1/1" in status.stdout, (
+        status.stdout
+    )  # the live pools, as the driver sees them
+    assert "rljob_step{" in metrics and "rljob_policy_version{" in metrics, metrics[:500]
+    record = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in record] == list(range(1, 13))
