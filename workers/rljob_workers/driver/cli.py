@@ -7,25 +7,27 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from rljob_api import RLJobInvalid, load_rljob
+from rljob_api import RLJobInvalid
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Validate RLJob files; print every broken rule with its field."""
+    """Validate RLJob files; print every broken rule with its field (--deep: and the set-up checks)."""
+    from rljob_workers.driver.setup import SetupError, load_job_file, prepare
+
     failed = 0
     for path in args.files:
         try:
-            job = load_rljob(path)
-        except RLJobInvalid as exc:
+            job = load_job_file(path)
+            if args.deep:
+                prepare(job, None)
+        except (RLJobInvalid, SetupError) as exc:
             print(exc, file=sys.stderr)
             failed += 1
-        except OSError as exc:
-            print(f"{path}: {exc.strerror}", file=sys.stderr)
-            failed += 1
         else:
-            print(f"{path}: valid RLJob {job.metadata.name!r}")
+            checked = "; its model, data, rewards and engines check out" if args.deep else ""
+            print(f"{path}: valid RLJob {job.metadata.name!r}{checked}")
     return 1 if failed else 0
 
 
@@ -79,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("validate", cmd_validate)
     p.add_argument("files", nargs="+", type=Path, help="RLJob YAML files")
+    p.add_argument(
+        "--deep",
+        action="store_true",
+        help="also run rljob run's set-up checks: model folder, data rows, reward imports and signatures, engines",
+    )
 
     p = add("generate", cmd_generate)
     p.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root")

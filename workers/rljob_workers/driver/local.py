@@ -13,8 +13,8 @@ from pathlib import Path
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob.v1 import control_service_pb2_grpc as control_grpc
-from rljob_api import RLJobInvalid, load_rljob
-from rljob_workers.driver.setup import SetupError, prepare
+from rljob_api import RLJobInvalid
+from rljob_workers.driver.setup import SetupError, load_job_file, prepare
 
 log = logging.getLogger("rljob")
 
@@ -29,8 +29,8 @@ def use_loopback_ray() -> None:
 def run_local(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        job = load_rljob(args.file)
-        configs = prepare(job, args.steps)
+        job = load_job_file(args.file)
+        configs = prepare(job, args.steps, cluster=args.cluster)
     except (RLJobInvalid, SetupError) as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -1,27 +1,159 @@
 """Set-up checks that run before any pool starts: a job that cannot start fails here, in seconds,
-with one line naming the field."""
+with one line naming the field (and the file:line of a bad data row).
+
+`rljob run` (and so the operator's driver pod) runs them before it starts Ray; `rljob validate
+--deep` runs them alone. They check what the schema cannot: that the files exist and parse,
+that the model folder loads, that every rule imports and takes the job's fields, that a named
+engine is installed, and that the driver's ports are free.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
-from rljob_api import RLJob, derive_worker_configs
+from rljob_api import RLJob, derive_worker_configs, load_rljob
+from rljob_api.reward import RewardFunction
 from rljob_api.workercfg import WorkerConfigs
+from rljob_workers.driver.controller.data import DataError, read_rows
+from rljob_workers.reward.base import RewardConfigError
+from rljob_workers.reward.callables import load_function
+from rljob_workers.reward.functions import RESERVED_ARGS
+
+# Engines that are optional extras: named by a job, they must be importable here and in the pools.
+OPTIONAL_ENGINES = {"vllm": "vllm", "sglang": "sglang"}
 
 
 class SetupError(RuntimeError):
     """Something on this machine keeps the job from starting; the message says what to do."""
 
 
-def prepare(job: RLJob, steps: int | None) -> WorkerConfigs:
-    """Worker configs with local paths made absolute and checked."""
+def load_job_file(path: Path) -> RLJob:
+    """The RLJob in `path`; a file that cannot be read is one line naming it (RLJobInvalid for a bad spec)."""
+    try:
+        return load_rljob(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise SetupError(f"{path}: {reason}") from None
+
+
+def prepare(job: RLJob, steps: int | None, *, cluster: bool = False) -> WorkerConfigs:
+    """Worker configs with local paths made absolute, after every set-up check has passed."""
     if steps is not None:
+        if steps < 1:
+            raise SetupError(f"--steps: {steps} is not a number of steps (at least 1)")
         job.spec.algorithm.total_steps = steps
-    for field, value in (("spec.model.path", job.spec.model.path), ("spec.data.path", job.spec.data.path)):
-        if not Path(value).exists():
-            hint = " (make the example's with `make model`)" if ".cache/" in value else ""
-            raise SetupError(f"{field}: {value} does not exist{hint}")
+    # Cheapest first: loading a model folder imports transformers, the slowest check by far.
+    check_data(job)
+    check_engines(job)
+    check_rewards(job)
+    check_model(job.spec.model.path, "spec.model.path")
     job.spec.model.path = str(Path(job.spec.model.path).resolve())
     job.spec.data.path = str(Path(job.spec.data.path).resolve())
     job.spec.checkpoint.dir = str(Path(job.spec.checkpoint.dir).resolve())
-    return derive_worker_configs(job)
+    configs = derive_worker_configs(job)
+    if cluster:
+        check_ports_free({"control": configs.ports.control, "metrics": configs.ports.metrics})
+    return configs
+
+
+def _hint(path: str) -> str:
+    return " (make the example's with `make model`)" if ".cache/" in path else ""
+
+
+def check_model(path: str, field: str) -> None:
+    """A transformers model folder: config.json and a tokenizer that load with no network."""
+    folder = Path(path)
+    if not folder.exists():
+        raise SetupError(f"{field}: {path} does not exist{_hint(path)}")
+    if not folder.is_dir():
+        raise SetupError(f"{field}: {path} is a file, not a model folder")
+    if not (folder / "config.json").is_file():
+        raise SetupError(f"{field}: {path} has no config.json: not a transformers model folder")
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        AutoConfig.from_pretrained(folder, local_files_only=True)
+        AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception as exc:  # any loader failure is this folder's fault; say which and why
+        raise SetupError(f"{field}: {path} does not load: {type(exc).__name__}: {_first_line(exc)}") from None
+
+
+def check_data(job: RLJob) -> None:
+    """The data file exists, is a file, and every row parses with the prompt and fields the spec names."""
+    data = job.spec.data
+    path = Path(data.path)
+    if not path.exists():
+        raise SetupError(f"spec.data.path: {data.path} does not exist{_hint(data.path)}")
+    if not path.is_file():
+        raise SetupError(f"spec.data.path: {data.path} is a directory, not a JSON-lines file")
+    try:
+        read_rows(path, data.prompt_field, list(data.fields))
+    except DataError as exc:
+        raise SetupError(f"spec.data.path: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise SetupError(f"spec.data.path: {data.path}: not UTF-8 text ({exc.reason})") from None
+
+
+def _indexed(functions: list[RewardFunction]) -> Iterator[tuple[str, RewardFunction]]:
+    for index, function in enumerate(functions):
+        yield f"spec.reward.functions[{index}]", function
+
+
+def check_rewards(job: RLJob) -> None:
+    """Every rule imports and accepts the job's fields; every reward model folder loads."""
+    fields = [f for f in job.spec.data.fields if f not in RESERVED_ARGS]
+    for where, function in _indexed(job.spec.reward.functions):
+        if function.rule is not None:
+            _check_rule(f"{where}.rule.function", function, fields)
+        model = function.disrm or function.genrm
+        if model is not None:
+            check_model(model.model_path, f"{where}.{function.kind}.modelPath")
+
+
+def _check_rule(field: str, function: RewardFunction, fields: list[str]) -> None:
+    assert function.rule is not None
+    ref = function.rule.function
+    try:
+        fn = load_function(function.name, ref)
+    except RewardConfigError as exc:
+        raise SetupError(f"{field}: {exc}") from None
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable: nothing to check before it is called
+    try:
+        signature.bind(prompt="", completion="", **dict.fromkeys(fields, ""))
+    except TypeError as exc:
+        raise SetupError(
+            f"{field}: {ref}{signature} cannot be called with prompt, completion"
+            f"{''.join(', ' + f for f in fields)} (spec.data.fields): {exc}"
+        ) from None
+
+
+def check_engines(job: RLJob) -> None:
+    """An optional engine the job names (for rollout or a genrm judge) is installed."""
+    named = [("spec.rollout.engine", job.spec.rollout.engine)]
+    named += [(f"{where}.genrm.engine", f.genrm.engine) for where, f in _indexed(job.spec.reward.functions) if f.genrm]
+    for field, engine in named:
+        module = OPTIONAL_ENGINES.get(engine)
+        if module is not None and importlib.util.find_spec(module) is None:
+            raise SetupError(f"{field}: engine {engine} is not installed (pip install 'rljob[{engine}]')")
+
+
+def check_ports_free(ports: dict[str, int]) -> None:
+    """The driver's listening ports are free on every interface."""
+    for name, port in ports.items():
+        with socket.socket() as sock:
+            try:
+                sock.bind(("0.0.0.0", port))
+            except OSError as exc:
+                raise SetupError(f"ports.{name}: port {port} is taken ({exc.strerror})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else ""

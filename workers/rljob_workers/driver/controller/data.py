@@ -40,13 +40,29 @@ def read_rows(path: Path, prompt_field: str, fields: list[str]) -> list[tuple[st
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-            missing = [f for f in [prompt_field, *fields] if f not in row]
-            if missing:
-                raise DataError(f"{path}:{number}: missing field(s) {', '.join(missing)}")
-            rows.append((str(row[prompt_field]), {f: str(row[f]) for f in fields}))
+            rows.append(_row(row, prompt_field, fields, f"{path}:{number}"))
     if not rows:
         raise DataError(f"{path}: no prompts")
     return rows
+
+
+def _row(row: object, prompt_field: str, fields: list[str], where: str) -> tuple[str, dict[str, str]]:
+    """One row's prompt text and fields; a missing, null or non-text value is an error naming it."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: a {type(row).__name__}, not a JSON object")
+    missing = [f for f in [prompt_field, *fields] if f not in row]
+    if missing:
+        raise DataError(f"{where}: missing field(s) {', '.join(missing)}")
+    if not isinstance(row[prompt_field], str):
+        raise DataError(f"{where}: field {prompt_field} is {_kind(row[prompt_field])}, not text")
+    bad = [f for f in fields if row[f] is None or isinstance(row[f], (dict, list))]
+    if bad:
+        raise DataError(f"{where}: field {bad[0]} is {_kind(row[bad[0]])}, not a value")
+    return row[prompt_field], {f: str(row[f]) for f in fields}
+
+
+def _kind(value: object) -> str:
+    return "null" if value is None else f"a {type(value).__name__}"
 
 
 @dataclass

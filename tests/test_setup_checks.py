@@ -1,0 +1,166 @@
+"""Set-up errors fail `rljob run` in seconds, before Ray starts, as one line naming the field.
+
+Each case runs the real command on a broken copy of the shipped example and checks its exit
+code, that stderr is one line naming the field (file:line for a bad data row), that no
+traceback is printed, and how long it took. `rljob validate --deep` runs the same checks.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
+
+from conftest import REPO
+from tiny_models import char_llama
+
+RLJOB = str(Path(sys.executable).parent / "rljob")
+FAST_SECONDS = 5.0  # every check here is cheap (the model load, the slowest, comes last); the time is printed
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("setup-assets")
+    char_llama(root / "model")
+    write_jsonl(root / "train.jsonl", make_problems(8, seed=1))
+    (root / "empty-model").mkdir()
+    (root / "broken_reward.py").write_text("import no_such_module_anywhere\n")
+    (root / "narrow_reward.py").write_text("def score(prompt, completion):\n    return 0.0\n")
+    return root
+
+
+def _job(assets: Path, tmp_path: Path, edit: Callable[[dict[str, Any]], None]) -> Path:
+    doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
+    doc["spec"]["model"]["path"] = str(assets / "model")
+    doc["spec"]["data"]["path"] = str(assets / "train.jsonl")
+    doc["spec"]["checkpoint"]["dir"] = str(tmp_path / "ckpt")
+    edit(doc["spec"])
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _data(tmp_path: Path, name: str, lines: list[str]) -> str:
+    path = tmp_path / name
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def _rule(ref: str) -> Callable[[dict[str, Any]], None]:
+    def edit(spec: dict[str, Any]) -> None:
+        spec["reward"]["functions"][0]["rule"]["function"] = ref
+
+    return edit
+
+
+def _run(*args: str, cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    done = subprocess.run([RLJOB, *args], capture_output=True, text=True, timeout=120, cwd=cwd, env=_env(cwd))
+    return done, time.monotonic() - started
+
+
+def _env(cwd: Path) -> dict[str, str]:
+    # The test's reward modules live in the assets folder.
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(cwd), os.environ.get("PYTHONPATH", "")])}
+
+
+def _cases(assets: Path, tmp_path: Path) -> dict[str, tuple[Callable[[dict[str, Any]], None], str]]:
+    good = (assets / "train.jsonl").read_text().splitlines()[0]
+    bad_json = _data(tmp_path, "bad.jsonl", [good, good, '{"prompt": "1+1=", "answer": '])
+    null_prompt = _data(tmp_path, "null.jsonl", [good, '{"prompt": null, "answer": "2"}'])
+    return {
+        "malformed JSON line": (
+            lambda s: s["data"].update(path=bad_json),
+            f"spec.data.path: {bad_json}:3: not valid JSON",
+        ),
+        "null prompt": (
+            lambda s: s["data"].update(path=null_prompt),
+            f"{null_prompt}:2: field prompt is null, not text",
+        ),
+        "directory as data": (lambda s: s["data"].update(path=str(assets)), "is a directory, not a JSON-lines file"),
+        "empty model folder": (
+            lambda s: s["model"].update(path=str(assets / "empty-model")),
+            "spec.model.path: " + str(assets / "empty-model") + " has no config.json",
+        ),
+        "reward module that does not import": (
+            _rule("broken_reward:score"),
+            "spec.reward.functions[0].rule.function: reward function 'exact-match': "
+            "cannot import module 'broken_reward'",
+        ),
+        "reward that does not take the data fields": (
+            _rule("narrow_reward:score"),
+            "spec.reward.functions[0].rule.function: narrow_reward:score(prompt, completion) cannot be called",
+        ),
+    }
+
+
+CASES = [
+    "malformed JSON line",
+    "null prompt",
+    "directory as data",
+    "empty model folder",
+    "reward module that does not import",
+    "reward that does not take the data fields",
+]
+
+
+def _assert_one_line(done: subprocess.CompletedProcess[str], seconds: float, expected: str, rc: int) -> None:
+    lines = done.stderr.strip().splitlines()
+    print(f"{seconds:.1f}s: {done.stderr.strip()}")
+    assert done.returncode == rc, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr[-2000:]
+    assert expected in lines[0]
+    assert seconds < FAST_SECONDS
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_run_refuses_bad_set_up_in_one_line_before_ray(assets, tmp_path, case):
+    edit, expected = _cases(assets, tmp_path)[case]
+    job = _job(assets, tmp_path, edit)
+    done, seconds = _run("run", str(job), "--no-display", "--output", str(tmp_path / "out"), cwd=assets)
+    _assert_one_line(done, seconds, expected, rc=2)
+    assert not (tmp_path / "out").exists(), "nothing of a run may start"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_validate_deep_runs_the_same_checks(assets, tmp_path, case):
+    edit, expected = _cases(assets, tmp_path)[case]
+    job = _job(assets, tmp_path, edit)
+    shallow, _ = _run("validate", str(job), cwd=assets)
+    assert shallow.returncode == 0, "the schema alone cannot see these"
+    done, seconds = _run("validate", "--deep", str(job), cwd=assets)
+    _assert_one_line(done, seconds, expected, rc=1)
+
+
+def test_validate_deep_passes_a_good_job(assets, tmp_path):
+    done, _ = _run("validate", "--deep", str(_job(assets, tmp_path, lambda s: None)), cwd=assets)
+    assert done.returncode == 0 and "check out" in done.stdout, done.stderr
+
+
+def test_a_missing_run_file_is_one_line(tmp_path):
+    done, seconds = _run("run", "missing.yaml", cwd=tmp_path)
+    _assert_one_line(done, seconds, "missing.yaml: No such file or directory", rc=2)
+
+
+def test_negative_steps_are_refused(assets, tmp_path):
+    job = _job(assets, tmp_path, lambda s: None)
+    done, seconds = _run("run", str(job), "--steps", "-3", "--output", str(tmp_path / "out"), cwd=assets)
+    _assert_one_line(done, seconds, "--steps: -3 is not a number of steps", rc=2)
+
+
+def test_an_engine_that_is_not_installed_is_named(assets, tmp_path):
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here: the check has nothing to refuse")
+    job = _job(assets, tmp_path, lambda s: s["rollout"].update(engine="vllm", gpusPerReplica=1))
+    done, seconds = _run("run", str(job), "--output", str(tmp_path / "out"), cwd=assets)
+    _assert_one_line(done, seconds, "spec.rollout.engine: engine vllm is not installed", rc=2)
