@@ -152,9 +152,13 @@ def test_killed_run_resumes_at_its_checkpoint(assets, tmp_path):
 
     resumed = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    second = _steps(out / "metrics.jsonl")[len(first) :]
-    assert [r["step"] for r in second] == list(range(checkpoint_step + 1, 9))
+    lines = _steps(out / "metrics.jsonl")
+    # Each step once: the lines of steps trained after the checkpoint were cut, then trained again.
+    assert [r["step"] for r in lines] == list(range(1, 9))
+    second = lines[checkpoint_step:]
     assert [r["version"] for r in second] == list(range(checkpoint_step + 1, 9))
-    before = [p for r in first if r["step"] <= checkpoint_step for p in r["prompt_ids"]]
+    before = [p for r in lines[:checkpoint_step] for p in r["prompt_ids"]]
     after = [p for r in second for p in r["prompt_ids"]]
     assert len(set(before) | set(after)) == len(before) + len(after) == 8 * 4, "a prompt was trained twice"
+    # The sample counters continue from the checkpoint (4 prompts x 4 samples a step, all scored).
+    assert [r["counts"]["trained"] for r in lines] == [16 * step for step in range(1, 9)]

@@ -132,6 +132,18 @@ def test_checkpoint_round_trip_and_latest_pointer(model_dir, tmp_path):
     assert restored.optimizer.state_dict()["state"].keys() == trainer.optimizer.state_dict()["state"].keys()
 
 
+def test_keep_never_deletes_the_checkpoint_latest_names(tmp_path):
+    # Newer-named folders left by an earlier run in the same place: pruning by name alone deleted
+    # the checkpoint just committed, and `latest` named a folder that was gone.
+    for step in (6, 8):
+        checkpoint.step_dir(tmp_path, step).mkdir()
+    directory = checkpoint.step_dir(tmp_path, 4)
+    directory.mkdir()
+    checkpoint.commit(tmp_path, directory, {"step": 4}, keep=2)
+    assert checkpoint.latest(tmp_path) == directory
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000004", "step-000008"]
+
+
 def test_latest_ignores_a_checkpoint_that_was_never_committed(tmp_path):
     assert checkpoint.latest(tmp_path) is None
     (tmp_path / "step-000002").mkdir()  # killed while saving: no state.json, no pointer

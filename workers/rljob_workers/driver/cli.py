@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-display", action="store_true", help="plain log lines instead of the live display")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 picks a free one)")
     p.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a SIGINT/SIGTERM stop may take to finish the step and write its checkpoint before the run "
+        "stops at once (a second signal stops at once too); the run then exits with 128 + the signal's number",
+    )
+    p.add_argument(
         "--cluster",
         action="store_true",
         help="drive an existing Ray cluster (in a KubeRay driver pod): connect with address auto, serve the "

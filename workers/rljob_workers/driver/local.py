@@ -47,6 +47,8 @@ def run_local(args: argparse.Namespace) -> int:
         display=not args.no_display,
         metrics_port=args.metrics_port,
         cluster=args.cluster,
+        job_file=args.file,
+        stop_timeout=args.stop_timeout,
     )
     try:
         return asyncio.run(run.main())

@@ -21,7 +21,7 @@ from rljob_workers.driver.controller.data import load_prompts
 from rljob_workers.driver.controller.elastic import ElasticRewardPool
 from rljob_workers.driver.controller.idle import IdleMeter
 from rljob_workers.driver.controller.loop import Controller
-from rljob_workers.driver.controller.report import RunFailed, StepReport
+from rljob_workers.driver.controller.report import Counts, RunFailed, StepReport
 from rljob_workers.driver.controller.rollout_clients import RolloutClients
 from rljob_workers.driver.controller.status import ControlServicer, RunView
 from rljob_workers.driver.controller.weight_sync import WeightSync
@@ -29,7 +29,9 @@ from rljob_workers.driver.display import Progress
 from rljob_workers.driver.launcher import ActorPool, RayTrainer, init_local_ray, reward_pool, rollout_pool
 from rljob_workers.driver.metrics import JsonlWriter, RunMetrics, plot_rewards
 from rljob_workers.driver.reward_router import RewardRouter
+from rljob_workers.driver.rundir import cut_metrics_after, lock_run_folders
 from rljob_workers.driver.setup import SetupError
+from rljob_workers.driver.stopping import SignalStop
 from rljob_workers.trainer import checkpoint
 
 log = logging.getLogger("rljob")
@@ -49,8 +51,12 @@ class LocalRun:
         metrics_port: int,
         step_hook: Callable[[LocalRun, StepReport], None] | None = None,
         cluster: bool = False,
+        job_file: Path | None = None,
+        stop_timeout: float = 60.0,
     ) -> None:
         self.cluster = cluster
+        self.job_file = job_file
+        self.signals = SignalStop(stop_timeout)
         # On a cluster the operator and dashboards reach the controller from other pods.
         self.serve_host = "0.0.0.0" if cluster else "127.0.0.1"
         self.job, self.configs, self.output = job, configs, output
@@ -119,26 +125,54 @@ class LocalRun:
 
     # ---- run -----------------------------------------------------------------------------
     async def main(self) -> int:
-        resume_dir = self._resume_dir()
-        state = checkpoint.read_state(resume_dir) if resume_dir else {}
         c = self.configs
-        prompts = load_prompts(
-            c.controller.data.path,
-            c.controller.data.prompt_field,
-            c.controller.data.fields,
-            c.controller.algorithm.seed,
-            c.controller.data.shuffle,
-        )
-        if state:
-            prompts.restore(state["data"])
-        if self.cluster:
-            ray.init(address="auto", logging_level=logging.WARNING)
-        else:
-            init_local_ray(c, self.cpus["rollout"], self.cpus["reward"], self.cpus["trainer"])
+        locks = lock_run_folders(self.output, Path(c.trainer.checkpoint.dir))  # before anything is read or written
+        try:
+            resume_dir = self._resume_dir()
+            state = checkpoint.read_state(resume_dir) if resume_dir else {}
+            prompts = load_prompts(
+                c.controller.data.path,
+                c.controller.data.prompt_field,
+                c.controller.data.fields,
+                c.controller.algorithm.seed,
+                c.controller.data.shuffle,
+            )
+            if state:
+                prompts.restore(state["data"])
+                # Steps trained after the checkpoint are trained again: their metrics lines go.
+                cut_metrics_after(self.output / "metrics.jsonl", int(state["step"]))
+            if self.cluster:
+                ray.init(address="auto", logging_level=logging.WARNING)
+            else:
+                init_local_ray(c, self.cpus["rollout"], self.cpus["reward"], self.cpus["trainer"])
+            return await self._run_until_stopped(prompts, state, resume_dir)
+        finally:
+            for lock in locks:
+                lock.release()
+
+    async def _run_until_stopped(self, prompts: Any, state: dict[str, Any], resume_dir: Path | None) -> int:
+        self.signals.install(self._request_stop)
         try:
             return await self._run(prompts, state, resume_dir)
+        except asyncio.CancelledError:
+            if self.signals.signal is None:
+                raise
+            if self.view is not None:
+                self._summary(self.signals.exit_code, self.view, self.reports)
+            return self.signals.exit_code
         finally:
-            await self._shutdown()
+            try:
+                await self._shutdown()
+            finally:  # signals stay ours until the end: a second one during the shutdown cuts it short
+                self.signals.uninstall()
+
+    def _request_stop(self, reason: str) -> bool:
+        """A graceful stop (see `stopping`); False while there is nothing to save yet."""
+        if self.controller is None or self.view is None:
+            return False
+        self.view.phase, self.view.message = control_pb.RUN_PHASE_STOPPING, f"stopping on {reason}"
+        self.controller.stop.set()
+        return True
 
     async def _run(self, prompts: Any, state: dict[str, Any], resume_dir: Path | None) -> int:
         c = self.configs
@@ -156,6 +190,7 @@ class LocalRun:
             on_step=self._on_step,
             step=int(state.get("step", 0)),
             version=version,
+            counts=Counts(**state.get("counts", {})),
         )
         view = self.view = RunView(
             controller,
@@ -213,6 +248,9 @@ class LocalRun:
             background = [asyncio.create_task(self._tick(view)), asyncio.create_task(elastic.run())]
             try:
                 await controller.run()
+                if self.signals.signal is not None:
+                    view.message = f"stopped by {self.signals.signal.name} at step {controller.step}"
+                    return self.signals.exit_code
                 view.phase = control_pb.RUN_PHASE_SUCCEEDED
                 return 0
             except RunFailed as exc:
@@ -242,10 +280,14 @@ class LocalRun:
     def _summary(self, rc: int, view: RunView, reports: list[StepReport]) -> None:
         jsonl = self.output / "metrics.jsonl"
         lines = []
-        if rc:
+        if self.signals.signal is not None:
+            lines.append(view.message or f"stopped by {self.signals.signal.name}")
+        elif rc:
             lines.append(f"run failed: {view.message}")
         if self.controller and self.controller.last_checkpoint:
             lines.append(f"checkpoint:   {self.controller.last_checkpoint}")
+            if rc and self.job_file is not None:
+                lines.append(f"resume with:  rljob run {self.job_file} --resume --output {self.output}")
         if jsonl.exists() and reports:
             lines.append(f"metrics:      {jsonl}")
             png = plot_rewards(jsonl, self.output / "reward-curve.png", f"rljob run: {self.job.metadata.name}")
@@ -253,6 +295,15 @@ class LocalRun:
         print("\n".join(lines), flush=True)
 
     async def _shutdown(self) -> None:
+        try:
+            if not self.signals.hard:
+                await self._stop_gracefully()
+        except asyncio.CancelledError:
+            pass  # a second signal: stop at once
+        finally:
+            ray.shutdown()  # ends every pool process Ray started, whatever state it is in
+
+    async def _stop_gracefully(self) -> None:
         with contextlib.suppress(Exception):
             if self.control is not None:
                 await self.control.stop(None)
@@ -262,4 +313,3 @@ class LocalRun:
             await self.clients.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.gather(self.rollout.stop_all(), self.reward.stop_all()), 30)
-        ray.shutdown()

@@ -21,13 +21,16 @@ def step_dir(root: Path, step: int) -> Path:
 
 
 def commit(root: Path, directory: Path, state: dict[str, Any], keep: int) -> Path:
-    """Write `state.json`, point `latest` at `directory`, delete all but the newest `keep`."""
-    (directory / STATE).write_text(json.dumps(state, indent=2, sort_keys=True))
+    """Write `state.json`, point `latest` at `directory`, then delete the oldest others so that
+    `keep` remain: `directory` itself, the one `latest` names, is never among them."""
+    tmp_state = directory / f".{STATE}.tmp"
+    tmp_state.write_text(json.dumps(state, indent=2, sort_keys=True))
+    os.replace(tmp_state, directory / STATE)  # the folder is complete only once state.json is whole
     tmp = root / f".{LATEST}.tmp"
     tmp.write_text(directory.name)
     os.replace(tmp, root / LATEST)
-    kept = sorted(p for p in root.glob("step-*") if p.is_dir())
-    for old in kept[:-keep]:
+    others = sorted(p for p in root.glob("step-*") if p.is_dir() and p.name != directory.name)
+    for old in others[: max(0, len(others) - (keep - 1))]:
         shutil.rmtree(old, ignore_errors=True)
     return directory
 

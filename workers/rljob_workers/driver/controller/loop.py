@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import grpc
@@ -75,20 +75,29 @@ class Controller:
         """Train until totalSteps; raises RunFailed if a sample's reward fails under onError: fail."""
         self._started = time.monotonic()
         dispatcher = asyncio.create_task(self._dispatch_loop())
+        stop_watch = asyncio.create_task(self._wake_on_stop())
         try:
             while self.step < self.algo.total_steps and not self.stop.is_set():
                 await self._train_one_step()
             if self.stop.is_set() and not self._checkpointed_now():
                 self.last_checkpoint = await self.trainer.save_checkpoint(self.step, self.version, self.state())
         finally:
+            stop_watch.cancel()
             dispatcher.cancel()
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(dispatcher, *self._tasks, return_exceptions=True)
 
+    async def _wake_on_stop(self) -> None:
+        """A stop wakes whatever waits: the batch being gathered is dropped, dispatch ends."""
+        await self.stop.wait()
+        await self._notify()
+
     async def _train_one_step(self) -> None:
         waited = time.monotonic()
         groups = await self._next_batch()
+        if self.stop.is_set():
+            return  # the step in progress is dropped; its prompts stay pending, so a resume trains them
         started = time.monotonic()
         samples, rewards, lags, prompt_ids = self._train_samples(groups)
         with self.trainer_busy.busy():
@@ -139,12 +148,14 @@ class Controller:
             group = self.tracker.take_for_batch(self.version, self.algo.max_staleness, room)
             if group is not None:
                 taken.append(group)
-            return group is not None or self._failure is not None
+            return group is not None or self._failure is not None or self.stop.is_set()
 
         async with self._changed:
             while len(batch) < self.algo.prompts_per_step:
                 await self._changed.wait_for(take)
                 self._raise_if_failed()
+                if not taken:  # stopped
+                    return batch
                 group = taken.pop()
                 if group.received and staleness(group.oldest_version(), self.version) > self.algo.max_staleness:
                     # Too old to train on: regenerate the prompt with the current policy.
@@ -181,7 +192,7 @@ class Controller:
     def _may_dispatch(self) -> bool:
         # Groups taken for the step in progress stay outstanding until its new version is out.
         outstanding = self.tracker.outstanding + self._in_training
-        return (
+        return not self.stop.is_set() and (
             dispatch_allowed(outstanding, self.algo.prompts_per_step, self.algo.max_staleness)
             and self._trained_groups + outstanding < self.algo.total_steps * self.algo.prompts_per_step
         )
@@ -356,8 +367,13 @@ class Controller:
             raise RunFailed(self._failure)
 
     def state(self) -> dict[str, Any]:
-        """The controller's part of a checkpoint: step, version, data position."""
-        return {"step": self.step, "policy_version": self.version, "data": self.prompts.state()}
+        """The controller's part of a checkpoint: step, version, data position and the sample counts."""
+        return {
+            "step": self.step,
+            "policy_version": self.version,
+            "data": self.prompts.state(),
+            "counts": asdict(self.counts),
+        }
 
 
 def _contiguous_runs(indices: list[int]) -> list[list[int]]:

@@ -1,0 +1,81 @@
+"""The run folder's bookkeeping: one run owns a folder at a time, and a resumed run's metrics
+continue from its checkpoint's step."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+from typing import IO
+
+from rljob_workers.driver.setup import SetupError
+
+LOCK_FILE = ".rljob.lock"
+
+
+class FolderLock:
+    """An exclusive lock on a folder for as long as this process holds it.
+
+    flock is released by the kernel when the process ends, however it ends, so a killed run
+    never leaves a stale lock behind; the file names the holder for the next one to report.
+    """
+
+    def __init__(self, folder: Path, field: str) -> None:
+        self.folder, self.field = folder, field
+        self._handle: IO[str] | None = None
+
+    def acquire(self) -> FolderLock:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        handle = (self.folder / LOCK_FILE).open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise SetupError(
+                f"{self.field}: {self.folder} is in use by {holder}; stop that run or choose another folder"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()} on host {socket.gethostname()}\n")
+        handle.flush()
+        self._handle = handle
+        return self
+
+    def release(self) -> None:
+        if self._handle is not None:
+            self._handle.close()  # closing drops the flock
+            self._handle = None
+
+
+def lock_run_folders(output: Path, checkpoints: Path) -> list[FolderLock]:
+    """Lock the run's output folder and its checkpoint folder (once if one holds the other)."""
+    locks = [FolderLock(output, "--output").acquire()]
+    try:
+        if not checkpoints.resolve().is_relative_to(output.resolve()):
+            locks.append(FolderLock(checkpoints, "spec.checkpoint.dir").acquire())
+    except SetupError:
+        locks[0].release()
+        raise
+    return locks
+
+
+def cut_metrics_after(jsonl: Path, step: int) -> int:
+    """Drop the metrics lines of steps after `step` (trained after the checkpoint a run resumes
+    from, and about to be trained again); returns how many were dropped."""
+    if not jsonl.exists():
+        return 0
+    kept, dropped = [], 0
+    for line in jsonl.read_text().splitlines():
+        if line.strip() and json.loads(line).get("step", 0) > step:
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped:
+        tmp = jsonl.with_suffix(".tmp")
+        tmp.write_text("".join(f"{line}\n" for line in kept))
+        os.replace(tmp, jsonl)
+    return dropped
