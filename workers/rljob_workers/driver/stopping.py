@@ -69,4 +69,3 @@ class SignalStop:
         print(f"{why}: stopping at once", file=sys.stderr, flush=True)
         if self._task is not None:
             self._task.cancel()
-
