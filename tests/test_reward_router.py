@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from reward_helpers import run, sample
+from reward_helpers import run, sample, started
 
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_workers.common.grpc_server import RunningServer, Service, start_server
@@ -23,11 +23,13 @@ RESOURCE_EXHAUSTED = sample_pb2.REFUSAL_REASON_RESOURCE_EXHAUSTED
 
 
 async def slow_replicas(n: int) -> list[RunningServer]:
+    """`n` replicas of the `slow` rule; `run` stops them."""
     servers = []
     for _ in range(n):
         functions = RewardFunctionSet([WeightedFunction("s", load_function("s", "reward_fns:slow"))], 5.0)
         running, _ = await start_reward_server(functions, name="s", max_in_flight=64)
         servers.append(running)
+    started.extend(servers)
     return servers
 
 
@@ -57,8 +59,6 @@ def test_router_sends_to_least_outstanding_replica() -> None:
         assert [(r.scored, r.outstanding) for r in stats.replicas.values()] == [(5, 0), (5, 0)]
         assert all(r.latency_ewma_seconds and r.latency_ewma_seconds >= 0.4 for r in stats.replicas.values())
         await router.close()
-        for server in servers:
-            await server.stop(None)
 
     run(go())
 
@@ -77,7 +77,6 @@ def test_killed_replica_loses_no_score() -> None:
         assert (stats.requeued, stats.duplicates_dropped, list(stats.replicas)) == (6, 0, ["r1"])
         assert stats.replicas["r1"].scored == 12
         await router.close()
-        await servers[1].stop(None)
 
     run(go())
 
@@ -94,7 +93,6 @@ def test_router_refuses_an_oversized_sample_naming_it_and_keeps_the_stream() -> 
         assert ok.score == 1.0 and not ok.HasField("error"), "the sample in flight beside it is unharmed"
         assert router.stats().requeued == 0
         await router.close()
-        await server.stop(None)
 
     run(go())
 
@@ -113,7 +111,10 @@ class _AnswersTwice(reward_service_pb2_grpc.RewardServiceServicer):
 
 
 async def third_party(servicer: reward_service_pb2_grpc.RewardServiceServicer) -> RunningServer:
-    return await start_server([Service(reward_service_pb2_grpc.add_RewardServiceServicer_to_server, servicer, "x")])
+    """`servicer` as a replica; `run` stops it."""
+    server = await start_server([Service(reward_service_pb2_grpc.add_RewardServiceServicer_to_server, servicer, "x")])
+    started.append(server)
+    return server
 
 
 class _Declines(reward_service_pb2_grpc.RewardServiceServicer):
@@ -145,8 +146,6 @@ def test_router_sends_a_typed_refusal_to_another_replica(reason: int, draining: 
         assert (declines.seen, stats.refused, stats.requeued, stats.replicas["r1"].scored) == (["p/0"], 1, 0, 1)
         assert stats.replicas["r0"].draining is draining, "a draining replica gets no more samples"
         await router.close()
-        for server in servers:
-            await server.stop(None)
 
     run(go())
 
@@ -162,8 +161,6 @@ def test_router_reads_no_refusal_into_an_error_message() -> None:
         stats = router.stats()
         assert (declines.seen, stats.refused, stats.replicas["r0"].draining) == (["p/0"], 0, False)
         await router.close()
-        for server in servers:
-            await server.stop(None)
 
     run(go())
 
@@ -184,6 +181,5 @@ def test_router_drops_duplicate_answers_and_waits_for_a_replica() -> None:
         await router.remove_replica("twice", timeout=2)
         assert router.stats().replicas == {} and router.stats().requeued == 0
         await router.close()
-        await server.stop(None)
 
     run(go())
