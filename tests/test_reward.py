@@ -1,4 +1,6 @@
-"""The reward pool over real gRPC on 127.0.0.1: rule functions, the RewardService server, the router."""
+"""The reward pool over real gRPC on 127.0.0.1: rule functions and the RewardService server.
+
+The driver's client of the pool, the router, is tested in test_reward_router.py."""
 
 from __future__ import annotations
 
@@ -9,44 +11,34 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import grpc
 import pytest
+from reward_helpers import run, sample
 
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_api.reward import RemoteReward, RewardFunction, RuleReward
 from rljob_api.workercfg import RewardWorkerConfig
-from rljob_workers.common.grpc_server import RunningServer, channel
-from rljob_workers.driver.reward_router import NoReplicaError, RewardRouter
+from rljob_workers.common.grpc_server import channel
 from rljob_workers.reward import (
     RewardConfigError,
     RewardFunctionSet,
     RewardServicer,
-    is_refusal,
     load_function,
     serve_reward,
 )
-from rljob_workers.reward.callables import WeightedFunction
-from rljob_workers.reward.server import start_reward_server
 
 INVALID = sample_pb2.ERROR_CLASS_INVALID
 FUNCTION = sample_pb2.ERROR_CLASS_FUNCTION
 TRANSIENT = sample_pb2.ERROR_CLASS_TRANSIENT
+NOT_REFUSED = sample_pb2.REFUSAL_REASON_UNSPECIFIED
+DRAINING = sample_pb2.REFUSAL_REASON_DRAINING
+RESOURCE_EXHAUSTED = sample_pb2.REFUSAL_REASON_RESOURCE_EXHAUSTED
 
 
 def rule(name: str, ref: str, weight: float = 1.0) -> RewardFunction:
     return RewardFunction(name=name, kind="rule", weight=weight, rule=RuleReward(function=ref))
-
-
-def sample(sid: str, completion: str = "42", **fields: str) -> sample_pb2.RewardSample:
-    return sample_pb2.RewardSample(
-        sample_id=sid, prompt_id=sid.split("/")[0], prompt="6*7=", completion=completion, fields=fields
-    )
-
-
-def run(coro: Awaitable[None]) -> None:
-    asyncio.run(asyncio.wait_for(coro, 15))  # type: ignore[arg-type]
 
 
 @contextlib.asynccontextmanager
@@ -162,7 +154,8 @@ def test_stream_invalid_ids_and_in_flight_limit() -> None:
     errors = Counter((s.sample_id, s.error.error_class) for s in scores if s.HasField("error"))
     assert errors == Counter({("a", INVALID): 1, ("", INVALID): 1, ("c", TRANSIENT): 1})
     [refused] = [s for s in scores if s.sample_id == "c"]
-    assert is_refusal(refused) and refused.error.message.startswith("RESOURCE_EXHAUSTED: sample 'c' refused")
+    assert refused.error.refusal == RESOURCE_EXHAUSTED and refused.error.message.startswith("sample 'c' refused: 2")
+    assert {s.error.refusal for s in scores if s.sample_id != "c"} == {NOT_REFUSED}
     assert sorted(s.sample_id for s in scores if not s.HasField("error")) == ["a", "b"]
 
 
@@ -198,7 +191,11 @@ def test_drain_finishes_in_flight_and_refuses_new_work() -> None:
             await call.done_writing()
             answers = {r.score.sample_id: r.score async for r in call}
             assert await drained
-            assert answers["a"].score == 1.0 and is_refusal(answers["late"])
+            assert answers["a"].score == 1.0 and answers["late"].error.refusal == DRAINING
+            assert answers["late"].error.error_class == TRANSIENT
+            assert answers["late"].error.message == "sample 'late' refused: reward replica draining"
+            refused = servicer.metrics.registry.get_sample_value("rljob_reward_refused_total", {"reason": "draining"})
+            assert refused == 1
             with pytest.raises(grpc.aio.AioRpcError) as exc:
                 await stream(stub, [sample("new")])
             assert exc.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -230,121 +227,6 @@ def test_serve_function_helper_in_a_process() -> None:
             assert proc.wait(10) == 0
         finally:
             proc.kill()
-
-
-# -- the router ----------------------------------------------------------------------------------
-
-
-async def slow_replicas(n: int) -> list[RunningServer]:
-    servers = []
-    for _ in range(n):
-        functions = RewardFunctionSet([WeightedFunction("s", load_function("s", "reward_fns:slow"))], 5.0)
-        running, _ = await start_reward_server(functions, name="s", max_in_flight=64)
-        servers.append(running)
-    return servers
-
-
-async def until(condition: Callable[[], bool]) -> None:
-    while not condition():
-        await asyncio.sleep(0.01)
-
-
-def test_router_sends_to_least_outstanding_replica() -> None:
-    async def go() -> None:
-        servers = await slow_replicas(2)
-        router = RewardRouter()
-        for i, server in enumerate(servers):
-            await router.add_replica(f"r{i}", f"127.0.0.1:{server.port}")
-        tasks = [asyncio.create_task(router.score(sample(f"p/{i}", delay="0.4"))) for i in range(10)]
-        await until(lambda: sum(r.outstanding for r in router.stats().replicas.values()) == 10)
-        assert [r.outstanding for r in router.stats().replicas.values()] == [5, 5]
-        scores = await asyncio.gather(*tasks)
-        assert all(s.score == 1.0 and not s.HasField("error") for s in scores)
-        stats = router.stats()
-        assert [(r.scored, r.outstanding) for r in stats.replicas.values()] == [(5, 0), (5, 0)]
-        assert all(r.latency_ewma_seconds and r.latency_ewma_seconds >= 0.4 for r in stats.replicas.values())
-        await router.close()
-        for server in servers:
-            await server.stop(None)
-
-    run(go())
-
-
-def test_killed_replica_loses_no_score() -> None:
-    async def go() -> None:
-        servers = await slow_replicas(2)
-        router = RewardRouter()
-        for i, server in enumerate(servers):
-            await router.add_replica(f"r{i}", f"127.0.0.1:{server.port}")
-        tasks = [asyncio.create_task(router.score(sample(f"p/{i}", delay="0.3"))) for i in range(12)]
-        await until(lambda: router.stats().replicas["r0"].outstanding == 6)
-        await servers[0].stop(0)  # killed with samples in flight
-        scores = await asyncio.gather(*tasks)
-        assert sorted(s.sample_id for s in scores) == sorted(f"p/{i}" for i in range(12))
-        assert all(s.score == 1.0 and not s.HasField("error") for s in scores)
-        stats = router.stats()
-        assert (stats.requeued, stats.duplicates_dropped, list(stats.replicas)) == (6, 0, ["r1"])
-        assert stats.replicas["r1"].scored == 12
-        await router.close()
-        await servers[1].stop(None)
-
-    run(go())
-
-
-def test_router_refuses_an_oversized_sample_naming_it_and_keeps_the_stream() -> None:
-    async def go() -> None:
-        [server] = await slow_replicas(1)
-        router = RewardRouter(max_sample_bytes=4096)
-        await router.add_replica("r0", f"127.0.0.1:{server.port}")
-        normal = asyncio.create_task(router.score(sample("p/0", delay="0.2")))
-        big = await router.score(sample("p/1", "9" * 5000))
-        assert big.error.error_class == INVALID
-        assert big.error.message.startswith("sample 'p/1' is 50") and "over the 4096-byte limit" in big.error.message
-        ok = await normal
-        assert ok.score == 1.0 and not ok.HasField("error"), "the sample in flight beside it is unharmed"
-        assert router.stats().requeued == 0
-        await router.close()
-        await server.stop(None)
-
-    run(go())
-
-
-class _AnswersTwice(reward_service_pb2_grpc.RewardServiceServicer):
-    """A buggy third-party replica: every answer is sent twice."""
-
-    async def Score(self, request_iterator, context):  # type: ignore[no-untyped-def]
-        async for request in request_iterator:
-            score = sample_pb2.SampleScore(sample_id=request.sample.sample_id, score=0.5)
-            for _ in range(2):
-                yield reward_service_pb2.ScoreResponse(score=score)
-
-    async def Info(self, request, context):  # type: ignore[no-untyped-def]
-        return reward_service_pb2.InfoResponse(name="twice", max_in_flight=8)
-
-
-def test_router_drops_duplicate_answers_and_waits_for_a_replica() -> None:
-    async def go() -> None:
-        from rljob_workers.common.grpc_server import Service, start_server
-
-        server = await start_server(
-            [Service(reward_service_pb2_grpc.add_RewardServiceServicer_to_server, _AnswersTwice(), "x")]
-        )
-        router = RewardRouter(replica_timeout=1.0)
-        with pytest.raises(NoReplicaError, match="sample 'p/0' within 1s"):
-            await router.score(sample("p/0"))
-        waiting = asyncio.create_task(router.score(sample("p/1")))  # waits (bounded) until a replica comes
-        await asyncio.sleep(0.1)
-        await router.add_replica("twice", f"127.0.0.1:{server.port}")
-        more = await asyncio.gather(*(router.score(sample(f"q/{i}")) for i in range(4)))
-        scores = [await waiting, *more]
-        assert [s.score for s in scores] == [0.5] * 5
-        await until(lambda: router.stats().duplicates_dropped == 5)
-        await router.remove_replica("twice", timeout=2)
-        assert router.stats().replicas == {} and router.stats().requeued == 0
-        await router.close()
-        await server.stop(None)
-
-    run(go())
 
 
 def test_non_finite_weighted_sum_is_an_error() -> None:

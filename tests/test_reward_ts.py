@@ -30,6 +30,8 @@ from conftest import REPO
 EXAMPLE = REPO / "examples" / "reward-server-ts"
 INVALID = sample_pb2.ERROR_CLASS_INVALID
 FUNCTION = sample_pb2.ERROR_CLASS_FUNCTION
+TRANSIENT = sample_pb2.ERROR_CLASS_TRANSIENT
+DRAINING = sample_pb2.REFUSAL_REASON_DRAINING
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +50,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @contextlib.contextmanager
-def ts_server(root: Path, token: str | None = None) -> Iterator[str]:
-    """The built server on a free 127.0.0.1 port; yields host:port; stopped with SIGTERM (it drains)."""
+def ts_server(root: Path, token: str | None = None) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """The built server on a free 127.0.0.1 port; yields host:port and the process; stopped with SIGTERM (it drains)."""
     env = {"PATH": str(Path(shutil.which("node") or "node").parent)}
     if token:
         env["RLJOB_REWARD_TOKEN"] = token
@@ -59,8 +61,8 @@ def ts_server(root: Path, token: str | None = None) -> Iterator[str]:
             assert proc.stdout is not None
             line = proc.stdout.readline()
             assert line.startswith("reward 'exact-match' serving on 127.0.0.1:"), line
-            yield line.split()[-1]
-            proc.send_signal(signal.SIGTERM)
+            yield line.split()[-1], proc
+            proc.send_signal(signal.SIGTERM)  # a no-op when the test already stopped it
             assert proc.wait(10) == 0, "the server should drain and exit cleanly on SIGTERM"
         finally:
             proc.kill()
@@ -113,8 +115,44 @@ def test_ts_server_scores_through_the_router_and_keeps_the_contract(built: Path)
             health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
             assert health.status == health_pb2.HealthCheckResponse.SERVING
 
-    with ts_server(built) as address:
+    with ts_server(built) as (address, _):
         asyncio.run(asyncio.wait_for(go(address), 30))
+
+
+async def until_draining(address: str) -> None:
+    """Until the server's health is no longer SERVING (it then refuses new calls, or says NOT_SERVING)."""
+    async with channel(address) as ch:
+        while True:
+            try:
+                health = await health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=""))
+            except grpc.aio.AioRpcError:
+                return
+            if health.status != health_pb2.HealthCheckResponse.SERVING:
+                return
+            await asyncio.sleep(0.02)
+
+
+def test_ts_server_refuses_with_the_typed_field_while_draining(built: Path) -> None:
+    async def go(address: str, proc: subprocess.Popen[str]) -> None:
+        async with channel(address) as ch:
+            call = reward_service_pb2_grpc.RewardServiceStub(ch).Score()
+            await call.write(reward_service_pb2.ScoreRequest(sample=sample("p/0", "5", answer="5")))
+            first = await call.read()
+            assert isinstance(first, reward_service_pb2.ScoreResponse) and first.score.score == 1.0
+            proc.send_signal(signal.SIGTERM)  # drains: the open stream stays, its new samples are refused
+            await until_draining(address)
+            await call.write(reward_service_pb2.ScoreRequest(sample=sample("p/1", "5", answer="5")))
+            late = await call.read()
+            assert isinstance(late, reward_service_pb2.ScoreResponse)
+            assert (late.score.error.refusal, late.score.error.error_class) == (DRAINING, TRANSIENT)
+            assert late.score.error.message == "sample 'p/1' refused: reward server draining"
+            await call.done_writing()
+            end = await call.read()  # EOF: the stream ends once its samples are answered
+            assert not isinstance(end, reward_service_pb2.ScoreResponse) and await call.code() == grpc.StatusCode.OK
+        assert await asyncio.to_thread(proc.wait, 10) == 0, "the drained server exits cleanly"
+
+    with ts_server(built) as (address, proc):
+        asyncio.run(asyncio.wait_for(go(address, proc), 30))
 
 
 def test_ts_server_as_a_remote_reward_with_a_bearer_token(built: Path, tmp_path: Path) -> None:
@@ -135,7 +173,7 @@ def test_ts_server_as_a_remote_reward_with_a_bearer_token(built: Path, tmp_path:
             else:
                 assert result.error.error_class == FUNCTION and "UNAUTHENTICATED" in result.error.message
 
-    with ts_server(built, token="t0ken") as address:
+    with ts_server(built, token="t0ken") as (address, _):
         asyncio.run(asyncio.wait_for(go(address), 30))
 
 
@@ -159,7 +197,7 @@ def test_short_rljob_with_a_remote_reward_on_the_ts_server(built: Path, tmp_path
     [function] = spec["reward"]["functions"]
     assert function["kind"] == "remote"
 
-    with ts_server(built) as address:
+    with ts_server(built) as (address, _):
         function["remote"]["endpoints"] = [address]
         job = parse_rljob(copy.deepcopy(doc))
         run = LocalRun(job, prepare(job, None), tmp_path / "out", resume=False, display=False, metrics_port=0)

@@ -94,7 +94,7 @@ def test_weak_labels_are_wrong_but_carry_the_sum() -> None:
     for form in tiny.WRONG_FORMS:
         assert tiny.wrong_form("81", form) != "81"
         assert "81" in tiny.wrong_form("81", form)
-    tok = tiny.build_tokenizer()
+    tok = tiny.char_tokenizer()
     ids, mask = tiny.label_table(tok, [arithmetic.problem(23, 58)])
     assert ids.shape[:2] == (1, 1 + len(tiny.WRONG_FORMS))
     labelled = tok.decode(ids[0, 0][mask[0, 0]])

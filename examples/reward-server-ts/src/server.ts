@@ -7,8 +7,9 @@
 //   - a sample that cannot be scored (no `answer` field) gets an error of class FUNCTION, never a 0;
 //   - an empty sample_id, or one already in flight on the stream, gets an INVALID error on the
 //     stream, and fails a whole ScoreBatch call with INVALID_ARGUMENT naming the sample;
-//   - more than MAX_IN_FLIGHT samples in flight on one stream are refused, per sample, with a
-//     TRANSIENT error starting "RESOURCE_EXHAUSTED:"; while draining, "UNAVAILABLE:";
+//   - a sample it declines unscored is answered, per sample, with a TRANSIENT error whose `refusal`
+//     says why: REFUSAL_REASON_RESOURCE_EXHAUSTED past MAX_IN_FLIGHT samples in flight on the stream,
+//     REFUSAL_REASON_DRAINING while draining (callers re-send on that field, never on the message);
 //   - scores are 0 or 1, inside Info's [min_score, max_score].
 //
 // Usage: node dist/server.js [--port 50052] [--host 0.0.0.0] [--proto-dir ../../proto]
@@ -31,6 +32,7 @@ const DRAIN_SECONDS = 30;
 const EOS_MARKERS = ["</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<eos>"];
 
 type ErrorClass = "ERROR_CLASS_INVALID" | "ERROR_CLASS_FUNCTION" | "ERROR_CLASS_TRANSIENT";
+type RefusalReason = "REFUSAL_REASON_DRAINING" | "REFUSAL_REASON_RESOURCE_EXHAUSTED";
 
 interface RewardSample {
   sample_id: string;
@@ -44,7 +46,7 @@ interface SampleScore {
   sample_id: string;
   score: number;
   components: Record<string, number>;
-  error?: { error_class: ErrorClass; message: string; function: string };
+  error?: { error_class: ErrorClass; message: string; function: string; refusal?: RefusalReason };
   latency_seconds: number;
 }
 
@@ -110,6 +112,12 @@ async function scoreSample(sample: RewardSample): Promise<SampleScore> {
   }
 }
 
+/** The answer for a sample declined unscored: a TRANSIENT error whose `refusal` says why. */
+function refusedScore(sampleId: string, reason: RefusalReason, why: string): SampleScore {
+  const score = errorScore(sampleId, "ERROR_CLASS_TRANSIENT", `sample '${sampleId}' refused: ${why}`);
+  return { ...score, error: { ...score.error!, refusal: reason } };
+}
+
 function errorScore(sampleId: string, errorClass: ErrorClass, message: string, latency = 0): SampleScore {
   return {
     sample_id: sampleId,
@@ -129,14 +137,10 @@ function refusal(sample: RewardSample, inFlight: Set<string>): SampleScore | und
   if (inFlight.has(id)) {
     return errorScore(id, "ERROR_CLASS_INVALID", `sample '${id}' is already in flight on this stream`);
   }
-  if (state.draining) {
-    return errorScore(id, "ERROR_CLASS_TRANSIENT", `UNAVAILABLE: sample '${id}' refused: reward server draining`);
-  }
+  if (state.draining) return refusedScore(id, "REFUSAL_REASON_DRAINING", "reward server draining");
   if (inFlight.size >= MAX_IN_FLIGHT) {
-    const message =
-      `RESOURCE_EXHAUSTED: sample '${id}' refused: ${inFlight.size} samples already in flight ` +
-      `(max_in_flight ${MAX_IN_FLIGHT})`;
-    return errorScore(id, "ERROR_CLASS_TRANSIENT", message);
+    const why = `${inFlight.size} samples already in flight (max_in_flight ${MAX_IN_FLIGHT})`;
+    return refusedScore(id, "REFUSAL_REASON_RESOURCE_EXHAUSTED", why);
   }
   return undefined;
 }

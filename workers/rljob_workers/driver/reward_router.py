@@ -4,10 +4,11 @@ Each `score()` call owns its sample from start to answer: it reserves a slot on 
 replica with the fewest outstanding samples (ties: lower latency), writes the sample on that
 replica's stream and awaits the answer. When a replica's stream dies, every sample
 outstanding on it is failed over to `score()`, which sends it again, elsewhere; a refusal
-(`is_refusal`: not computed) is sent again too. Because one coroutine owns each sample and a
-sample is outstanding on one replica at a time, each sample gets exactly one answer; an
-answer nobody awaits any more (a buggy server answering twice, or a caller that gave up) is
-dropped and counted.
+(an error whose `refusal` field is set: not computed) is sent again too, and a replica that
+refuses because it drains gets no more samples. Only that field says "refused", never the
+error's text. Because one coroutine owns each sample and a sample is outstanding on one
+replica at a time, each sample gets exactly one answer; an answer nobody awaits any more (a
+buggy server answering twice, or a caller that gave up) is dropped and counted.
 
 Retries of failed scores and the job's onError policy are the controller's business: `score`
 returns the SampleScore, error or not, and raises only when no replica takes the sample.
@@ -26,7 +27,6 @@ from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_workers.common.grpc_server import MAX_MESSAGE_BYTES, channel
 from rljob_workers.driver.controller.idle import BusyClock
 from rljob_workers.reward.functions import INVALID, TRANSIENT, error_score
-from rljob_workers.reward.server import UNAVAILABLE_PREFIX, is_refusal
 
 # Weight of the newest observation in a replica's latency average.
 EWMA_ALPHA = 0.3
@@ -206,10 +206,11 @@ class RewardRouter:
                     return error_score(sid, TRANSIENT, message)
                 self.requeued += 1
                 continue
-            if is_refusal(result) and refusals < self.max_resends:
+            refusal = result.error.refusal  # REFUSAL_REASON_UNSPECIFIED (0) when scored or failed
+            if refusal and refusals < self.max_resends:
                 refusals += 1
                 self.refused += 1
-                if result.error.message.startswith(UNAVAILABLE_PREFIX):
+                if refusal == sample_pb2.REFUSAL_REASON_DRAINING:
                     replica.draining = True  # it will refuse everything from now on
                 continue
             return result

@@ -108,28 +108,34 @@ def read_marker(out_dir: str | Path) -> dict[str, Any]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def build_tokenizer(max_length: int = 64) -> PreTrainedTokenizerFast:
-    """A character-level tokenizer: one token per character, ``<s>`` prepended.
+def char_tokenizer(
+    chars: str = CHARS, *, bos: bool = True, padding_side: str = "left", max_length: int | None = 64
+) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: one token per character of `chars`, any other character ``<unk>``.
 
-    Padding is on the left, as batched generation wants; pass ``padding_side="right"``
-    when encoding for training.
+    Ids 0-3 are ``<pad> <s> </s> <unk>``, then `chars` in order; decoding joins the characters
+    back without spaces. With `bos`, ``<s>`` is prepended to every encoding. Padding is on the
+    left by default, as batched generation wants; pass ``padding_side="right"`` when encoding
+    for training. `max_length` None sets no length limit.
     """
-    vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *CHARS))}
+    vocab = {tok: i for i, tok in enumerate((*SPECIAL_TOKENS, *chars))}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tok.decoder = decoders.Fuse()  # join characters back without spaces
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
-    )
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
+        )
     tok.add_special_tokens(list(SPECIAL_TOKENS))
+    limit = {} if max_length is None else {"model_max_length": max_length}
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS,
         eos_token=EOS,
         pad_token=PAD,
         unk_token=UNK,
-        padding_side="left",
-        model_max_length=max_length,
+        padding_side=padding_side,
+        **limit,
     )
 
 
@@ -264,7 +270,7 @@ def _build(spec: TinyModelSpec, out: Path) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(spec.threads)
     try:
-        tokenizer = build_tokenizer(spec.max_positions)
+        tokenizer = char_tokenizer(max_length=spec.max_positions)
         with torch.random.fork_rng(devices=[]):  # leave the caller's RNG as it was
             torch.manual_seed(spec.seed)
             model = build_model(tokenizer, spec)

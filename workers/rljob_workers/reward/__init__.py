@@ -11,7 +11,7 @@ from rljob_workers.reward.functions import RewardFunctionSet
 from rljob_workers.reward.metrics import RewardMetrics
 from rljob_workers.reward.modelpool import Judge
 from rljob_workers.reward.remote import RemoteScorer, token_path
-from rljob_workers.reward.server import RewardServicer, is_refusal, serve_function, serve_reward, start_reward_server
+from rljob_workers.reward.server import RewardServicer, serve_function, serve_reward, start_reward_server
 
 __all__ = [
     "Judge",
@@ -23,7 +23,6 @@ __all__ = [
     "SampleScorer",
     "ScoreFailure",
     "WeightedFunction",
-    "is_refusal",
     "load_function",
     "serve_function",
     "serve_reward",

@@ -4,13 +4,12 @@ Refusals on the Score stream are answered per sample, not by aborting the call, 
 refused sample does not take down the stream and every other sample in flight on it:
 
 - an empty sample_id, or one already in flight on the stream: an INVALID error;
-- more than ``max_in_flight`` samples in flight on the stream: a TRANSIENT error whose
-  message starts with ``RESOURCE_EXHAUSTED:`` and names the sample (the contract's
-  "refused with RESOURCE_EXHAUSTED naming the sample");
-- a sample that arrives while the replica drains: a TRANSIENT error starting ``UNAVAILABLE:``.
+- more than ``max_in_flight`` samples in flight on the stream: a TRANSIENT error naming the
+  sample, with ``refusal`` REFUSAL_REASON_RESOURCE_EXHAUSTED;
+- a sample that arrives while the replica drains: the same, with REFUSAL_REASON_DRAINING.
 
-Both refusal prefixes mean "not computed, send it elsewhere" (see `is_refusal`); the router
-re-sends such samples instead of counting them as failures.
+A refusal (the ``refusal`` field of the ScoreError, part of the contract) means "not computed,
+send it elsewhere": the router re-sends such samples instead of counting them as failures.
 """
 
 from __future__ import annotations
@@ -37,8 +36,6 @@ from rljob_workers.reward.functions import (
 )
 
 SERVICE_NAME = reward_service_pb2.DESCRIPTOR.services_by_name["RewardService"].full_name
-RESOURCE_EXHAUSTED_PREFIX = "RESOURCE_EXHAUSTED:"
-UNAVAILABLE_PREFIX = "UNAVAILABLE:"
 
 
 def _version() -> str:
@@ -48,13 +45,16 @@ def _version() -> str:
         return "0+unknown"
 
 
-def is_refusal(score: sample_pb2.SampleScore) -> bool:
-    """True for a sample the server declined without computing it (safe to send to another replica)."""
-    return (
-        score.HasField("error")
-        and score.error.error_class == TRANSIENT
-        and score.error.message.startswith((RESOURCE_EXHAUSTED_PREFIX, UNAVAILABLE_PREFIX))
-    )
+def refused_score(sample_id: str, reason: sample_pb2.RefusalReason, message: str) -> sample_pb2.SampleScore:
+    """The answer for a sample declined without being scored: a TRANSIENT error whose `refusal` says why."""
+    score = error_score(sample_id, TRANSIENT, message)
+    score.error.refusal = reason
+    return score
+
+
+def refusal_label(reason: sample_pb2.RefusalReason) -> str:
+    """The `reason` label of rljob_reward_refused_total: REFUSAL_REASON_DRAINING -> "draining"."""
+    return sample_pb2.RefusalReason.Name(reason).removeprefix("REFUSAL_REASON_").lower()
 
 
 class _ScoreStream:
@@ -158,16 +158,15 @@ class RewardServicer(reward_service_pb2_grpc.RewardServiceServicer):
             message = f"sample {sid!r} is already in flight on this stream" if sid else "sample has an empty sample_id"
             return error_score(sid, INVALID, message)
         if self.draining:
-            self.metrics.refused.labels("draining").inc()
-            return error_score(sid, TRANSIENT, f"{UNAVAILABLE_PREFIX} sample {sid!r} refused: reward replica draining")
+            return self._refuse(sid, sample_pb2.REFUSAL_REASON_DRAINING, "reward replica draining")
         if len(in_flight) >= self.max_in_flight:
-            self.metrics.refused.labels("resource_exhausted").inc()
-            message = (
-                f"{RESOURCE_EXHAUSTED_PREFIX} sample {sid!r} refused: {len(in_flight)} samples already in flight "
-                f"on this stream (max_in_flight {self.max_in_flight})"
-            )
-            return error_score(sid, TRANSIENT, message)
+            why = f"{len(in_flight)} samples already in flight on this stream (max_in_flight {self.max_in_flight})"
+            return self._refuse(sid, sample_pb2.REFUSAL_REASON_RESOURCE_EXHAUSTED, why)
         return None
+
+    def _refuse(self, sid: str, reason: sample_pb2.RefusalReason, why: str) -> sample_pb2.SampleScore:
+        self.metrics.refused.labels(refusal_label(reason)).inc()
+        return refused_score(sid, reason, f"sample {sid!r} refused: {why}")
 
     async def Score(
         self,

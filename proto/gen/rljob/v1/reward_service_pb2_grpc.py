@@ -35,8 +35,14 @@ class RewardServiceStub:
     never a made-up score;
     - a malformed sample (empty sample_id, duplicate id in flight) is answered with an
     INVALID error for that sample, or INVALID_ARGUMENT for the whole call of ScoreBatch;
-    - more samples in flight than Info's max_in_flight may be refused with
-    RESOURCE_EXHAUSTED naming the sample;
+    - a sample the service declines without scoring it is answered on the Score stream with
+    a TRANSIENT error whose `refusal` says why: REFUSAL_REASON_RESOURCE_EXHAUSTED when Info's
+    max_in_flight samples are already in flight on the stream, REFUSAL_REASON_DRAINING
+    while the replica drains. Callers send such a sample elsewhere and decide on that field,
+    never on the message. It is per sample, not a gRPC status, because a status would end
+    the stream and every other sample in flight on it;
+    - a whole call is refused with a status: UNAVAILABLE for a Score or ScoreBatch call made
+    while the replica drains, RESOURCE_EXHAUSTED for a ScoreBatch over Info's max_batch_size;
     - scores must be finite and inside Info's [min_score, max_score] (both 0: no range).
     """
 
@@ -73,8 +79,14 @@ class RewardServiceServicer:
     never a made-up score;
     - a malformed sample (empty sample_id, duplicate id in flight) is answered with an
     INVALID error for that sample, or INVALID_ARGUMENT for the whole call of ScoreBatch;
-    - more samples in flight than Info's max_in_flight may be refused with
-    RESOURCE_EXHAUSTED naming the sample;
+    - a sample the service declines without scoring it is answered on the Score stream with
+    a TRANSIENT error whose `refusal` says why: REFUSAL_REASON_RESOURCE_EXHAUSTED when Info's
+    max_in_flight samples are already in flight on the stream, REFUSAL_REASON_DRAINING
+    while the replica drains. Callers send such a sample elsewhere and decide on that field,
+    never on the message. It is per sample, not a gRPC status, because a status would end
+    the stream and every other sample in flight on it;
+    - a whole call is refused with a status: UNAVAILABLE for a Score or ScoreBatch call made
+    while the replica drains, RESOURCE_EXHAUSTED for a ScoreBatch over Info's max_batch_size;
     - scores must be finite and inside Info's [min_score, max_score] (both 0: no range).
     """
 
@@ -135,8 +147,14 @@ class RewardService:
     never a made-up score;
     - a malformed sample (empty sample_id, duplicate id in flight) is answered with an
     INVALID error for that sample, or INVALID_ARGUMENT for the whole call of ScoreBatch;
-    - more samples in flight than Info's max_in_flight may be refused with
-    RESOURCE_EXHAUSTED naming the sample;
+    - a sample the service declines without scoring it is answered on the Score stream with
+    a TRANSIENT error whose `refusal` says why: REFUSAL_REASON_RESOURCE_EXHAUSTED when Info's
+    max_in_flight samples are already in flight on the stream, REFUSAL_REASON_DRAINING
+    while the replica drains. Callers send such a sample elsewhere and decide on that field,
+    never on the message. It is per sample, not a gRPC status, because a status would end
+    the stream and every other sample in flight on it;
+    - a whole call is refused with a status: UNAVAILABLE for a Score or ScoreBatch call made
+    while the replica drains, RESOURCE_EXHAUSTED for a ScoreBatch over Info's max_batch_size;
     - scores must be finite and inside Info's [min_score, max_score] (both 0: no range).
     """
 

@@ -20,6 +20,12 @@ class ErrorClass(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ERROR_CLASS_INVALID: _ClassVar[ErrorClass]
     ERROR_CLASS_FUNCTION: _ClassVar[ErrorClass]
     ERROR_CLASS_TRANSIENT: _ClassVar[ErrorClass]
+
+class RefusalReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REFUSAL_REASON_UNSPECIFIED: _ClassVar[RefusalReason]
+    REFUSAL_REASON_DRAINING: _ClassVar[RefusalReason]
+    REFUSAL_REASON_RESOURCE_EXHAUSTED: _ClassVar[RefusalReason]
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
@@ -28,6 +34,9 @@ ERROR_CLASS_UNSPECIFIED: ErrorClass
 ERROR_CLASS_INVALID: ErrorClass
 ERROR_CLASS_FUNCTION: ErrorClass
 ERROR_CLASS_TRANSIENT: ErrorClass
+REFUSAL_REASON_UNSPECIFIED: RefusalReason
+REFUSAL_REASON_DRAINING: RefusalReason
+REFUSAL_REASON_RESOURCE_EXHAUSTED: RefusalReason
 
 class SamplingParams(_message.Message):
     __slots__ = ("temperature", "top_p", "top_k", "max_new_tokens", "stop", "seed")
@@ -93,14 +102,16 @@ class RewardSample(_message.Message):
     def __init__(self, sample_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt: _Optional[str] = ..., completion: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., policy_version: _Optional[int] = ...) -> None: ...
 
 class ScoreError(_message.Message):
-    __slots__ = ("error_class", "message", "function")
+    __slots__ = ("error_class", "message", "function", "refusal")
     ERROR_CLASS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     FUNCTION_FIELD_NUMBER: _ClassVar[int]
+    REFUSAL_FIELD_NUMBER: _ClassVar[int]
     error_class: ErrorClass
     message: str
     function: str
-    def __init__(self, error_class: _Optional[_Union[ErrorClass, str]] = ..., message: _Optional[str] = ..., function: _Optional[str] = ...) -> None: ...
+    refusal: RefusalReason
+    def __init__(self, error_class: _Optional[_Union[ErrorClass, str]] = ..., message: _Optional[str] = ..., function: _Optional[str] = ..., refusal: _Optional[_Union[RefusalReason, str]] = ...) -> None: ...
 
 class SampleScore(_message.Message):
     __slots__ = ("sample_id", "score", "components", "error", "latency_seconds")
