@@ -32,7 +32,7 @@ from .names import (
     service_account_name,
 )
 from .options import Owner, RenderOptions, RewardGroup
-from .pods import volume_mounts, volumes
+from .pods import container, pod_template, volume_mounts, volumes
 from .raycluster import render_ray_cluster
 
 # The children that hold GPUs (the pools) and the driver: what suspend deletes.
@@ -128,45 +128,38 @@ def render_driver(job: RLJob, options: RenderOptions) -> dict[str, Any]:
     """The driver: a Job running the controller (`rljob run --cluster --resume`); a retry resumes from
     the newest checkpoint, and its Complete/Failed condition is how the run ended."""
     ports = derive_worker_configs(job).ports
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "serviceAccountName": service_account_name(job),
-        "containers": [
-            {
-                "name": "driver",
-                "image": job.spec.image,
-                "imagePullPolicy": job.spec.image_pull_policy,
-                "command": ["/bin/sh", "-c", DRIVER_SCRIPT],
-                "env": [
-                    {"name": "RAY_ADDRESS", "value": f"{head_service_name(job)}.{job.metadata.namespace}.svc:6379"},
-                    {"name": "RLJOB_JOB", "value": job.metadata.name},
-                    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                ],
-                "ports": [
-                    {"name": "grpc", "containerPort": ports.control},
-                    {"name": "metrics", "containerPort": ports.metrics},
-                ],
-                "resources": {
-                    "requests": {"cpu": options.driver_cpu, "memory": options.driver_memory},
-                    "limits": {"memory": options.driver_memory},
-                },
-                "volumeMounts": volume_mounts(job, tokens=True),
-            }
+    main = container(
+        job,
+        "driver",
+        command=["/bin/sh", "-c", DRIVER_SCRIPT],
+        env=[
+            {"name": "RAY_ADDRESS", "value": f"{head_service_name(job)}.{job.metadata.namespace}.svc:6379"},
+            {"name": "RLJOB_JOB", "value": job.metadata.name},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         ],
-        "volumes": volumes(job, tokens=True),
-    }
-    if options.system_node_selector:
-        pod_spec["nodeSelector"] = dict(options.system_node_selector)
-    if options.system_tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in options.system_tolerations]
+        ports=[
+            {"name": "grpc", "containerPort": ports.control},
+            {"name": "metrics", "containerPort": ports.metrics},
+        ],
+        resources={
+            "requests": {"cpu": options.driver_cpu, "memory": options.driver_memory},
+            "limits": {"memory": options.driver_memory},
+        },
+        volumeMounts=volume_mounts(job, tokens=True),
+    )
+    template = pod_template(
+        component_labels(job, "driver"),
+        main,
+        account={"restartPolicy": "Never", "serviceAccountName": service_account_name(job)},
+        volumes=volumes(job, tokens=True),
+        node_selector=options.system_node_selector,
+        tolerations=options.system_tolerations,
+    )
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": _meta(job, driver_name(job), "driver"),
-        "spec": {
-            "backoffLimit": options.driver_backoff_limit,
-            "template": {"metadata": {"labels": component_labels(job, "driver")}, "spec": pod_spec},
-        },
+        "spec": {"backoffLimit": options.driver_backoff_limit, "template": template},
     }
 
 
