@@ -3,7 +3,7 @@
 Children: ServiceAccount, Role, RoleBinding (what the driver may read), the ConfigMap
 (`rljob.yaml`, `workers.json`), the control, metrics and reward Services, the pools (the
 RayCluster) and the driver (a batch Job). The handler applies them in dependency waves
-(reconciler.ensure_children). A suspended job has no pools and no driver; a finished one keeps its
+(reconciler.write_children). A suspended job has no pools and no driver; a finished one keeps its
 driver Job (the record of how it ended) but releases its pools.
 """
 
@@ -171,6 +171,15 @@ def _finish(doc: dict[str, Any], job: RLJob, owner: Owner | None) -> dict[str, A
     return doc
 
 
+def render_pools(
+    job: RLJob, options: RenderOptions, reward: RewardGroup, finished: bool, owner: Owner | None
+) -> list[dict[str, Any]]:
+    """The pools the job should have now: its RayCluster, or none (suspended, or the run finished)."""
+    if job.spec.suspend or finished:
+        return []
+    return [_finish(render_ray_cluster(job, options, reward), job, owner)]
+
+
 def render(
     job: RLJob,
     options: RenderOptions,
@@ -184,13 +193,11 @@ def render(
     `reward` is the reward group's current size and the drained replicas to delete (see scaling.py);
     `finished` (the driver Job completed or failed) releases the pools but keeps the driver Job.
     """
-    reward = reward or RewardGroup()
-    docs = [*render_rbac(job), render_config_map(job), *render_services(job)]
+    docs = [_finish(doc, job, owner) for doc in (*render_rbac(job), render_config_map(job), *render_services(job))]
+    docs += render_pools(job, options, reward or RewardGroup(), finished, owner)
     if not job.spec.suspend:
-        if not finished:
-            docs.append(render_ray_cluster(job, options, reward))
-        docs.append(render_driver(job, options))
-    return [_finish(doc, job, owner) for doc in docs]
+        docs.append(_finish(render_driver(job, options), job, owner))
+    return docs
 
 
 def absent_kinds(job: RLJob, *, finished: bool = False) -> tuple[str, ...]:
