@@ -209,85 +209,115 @@ def baseline(jobs: int, options: Any) -> dict[str, Any]:
     }
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=50)
     parser.add_argument("--interval", type=float, default=5.0, help="the operator's status poll interval")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--crd", type=Path, default=REPO / "crds" / "rljob.io_rljobs.yaml")
     parser.add_argument("--json", type=Path, default=None)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def install_crd(env: dict[str, str], crd: Path) -> None:
+    kubectl = str(Path(env["RLJOB_E2E_BIN"]) / "kubectl")
+    sh(kubectl, "apply", "--server-side", "-f", str(crd), env=env)
+    for _ in range(60):  # `kubectl wait` fails at once while the CRD has no conditions yet
+        try:
+            sh(kubectl, "wait", "--for=condition=Established", "crd/rljobs.rljob.io", env=env)
+            break
+        except RuntimeError:
+            time.sleep(1)
+
+
+def start_operator(env: dict[str, str], state: Path, interval: float) -> tuple[subprocess.Popen[bytes], int]:
+    """`python -m rljob_operator` with admin credentials; its log in the state folder. Returns it and its
+    metrics port."""
+    metrics_port = 18000 + os.getpid() % 1000
+    log = (state / "operator.log").open("wb")
+    operator = subprocess.Popen(
+        [sys.executable, "-m", "rljob_operator", f"--interval={interval}", "--metrics-host=127.0.0.1",
+         f"--metrics-port={metrics_port}", f"--system-node-selector={json.dumps(SYSTEM_POOL)}"],
+        env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    return operator, metrics_port
+
+
+def sample_rss(process: subprocess.Popen[bytes], stop: threading.Event, first: float) -> list[float]:
+    """The process's resident memory every 0.2 s (a thread), until it exits or `stop` is set."""
+    peak = [first]
+
+    def sample() -> None:
+        while process.poll() is None and not stop.is_set():
+            peak.append(rss_mb(process.pid))
+            time.sleep(0.2)
+
+    threading.Thread(target=sample, daemon=True).start()
+    return peak
+
+
+def operator_metrics(port: int) -> tuple[str, float]:
+    """The operator's metrics text and its error count."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        metrics = r.read().decode()
+    error_lines = [line for line in metrics.splitlines() if line.startswith("rljob_operator_errors_total{")]
+    return metrics, sum(float(line.split()[-1]) for line in error_lines)
+
+
+def burst(operator: subprocess.Popen[bytes], metrics_port: int, ns: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Create `args.jobs` RLJobs one after the other and time each (see the module's docstring)."""
+    time.sleep(5)  # the operator lists RLJobs and starts watching
+    idle_mb = rss_mb(operator.pid)
+    cpu_before = cpu_seconds(operator.pid)
+    recorder = Recorder(ns)
+    for target in (recorder.watch_ray_clusters, recorder.watch_rljobs, recorder.kubelet):
+        threading.Thread(target=quietly(target, recorder.stop), daemon=True).start()
+    time.sleep(1)
+    peak = sample_rss(operator, recorder.stop, idle_mb)
+    custom = client.CustomObjectsApi()
+    applied: dict[str, float] = {}
+    burst_start = time.monotonic()
+    for i in range(args.jobs):
+        name = f"bench-{i:03d}"
+        custom.create_namespaced_custom_object("rljob.io", "v1alpha1", ns, "rljobs", rljob(name, ns))
+        applied[name] = time.monotonic()
+    burst_s = time.monotonic() - burst_start
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline and len(recorder.running) < args.jobs:
+        time.sleep(0.5)
+    time.sleep(2 * args.interval)  # a few more polls at steady state
+    recorder.stop.set()
+    cpu = cpu_seconds(operator.pid) - cpu_before
+    metrics, errors = operator_metrics(metrics_port)
+    return {
+        "jobs": args.jobs,
+        "interval_s": args.interval,
+        "apply_burst_s": round(burst_s, 2),
+        "operator": {
+            "apply_to_raycluster": latencies(applied, recorder.ray_cluster),
+            "apply_to_pools_running": latencies(applied, recorder.pools_running),
+            "apply_to_phase_running": latencies(applied, recorder.running),
+            "create_handler": handler_stats(metrics, "reconcile"),
+            "rss_idle_mb": round(idle_mb, 1),
+            "rss_peak_mb": round(max(peak), 1),
+            "cpu_seconds": round(cpu, 1),
+            "reconcile_errors": errors,
+        },
+    }
+
+
+def main() -> int:
+    args = parse_args()
     state = Path(tempfile.mkdtemp(prefix="rljob-bench-"))
     env = start_cluster(state)
     operator: subprocess.Popen[bytes] | None = None
     try:
-        sh(str(Path(env["RLJOB_E2E_BIN"]) / "kubectl"), "apply", "--server-side", "-f", str(args.crd), env=env)
-        for _ in range(60):  # `kubectl wait` fails at once while the CRD has no conditions yet
-            try:
-                sh(str(Path(env["RLJOB_E2E_BIN"]) / "kubectl"), "wait", "--for=condition=Established",
-                   "crd/rljobs.rljob.io", env=env)  # fmt: skip
-                break
-            except RuntimeError:
-                time.sleep(1)
+        install_crd(env, args.crd)
         config.load_kube_config(env["KUBECONFIG"])
         ns = "bench"
         client.CoreV1Api().create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-        metrics_port = 18000 + os.getpid() % 1000
-        log = (state / "operator.log").open("wb")
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "rljob_operator", f"--interval={args.interval}", "--metrics-host=127.0.0.1",
-             f"--metrics-port={metrics_port}", f"--system-node-selector={json.dumps(SYSTEM_POOL)}"],
-            env=env, stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-        time.sleep(5)  # the operator lists RLJobs and starts watching
-        idle_mb = rss_mb(operator.pid)
-        cpu_before = cpu_seconds(operator.pid)
-        recorder = Recorder(ns)
-        for target in (recorder.watch_ray_clusters, recorder.watch_rljobs, recorder.kubelet):
-            threading.Thread(target=quietly(target, recorder.stop), daemon=True).start()
-        time.sleep(1)
-        peak = [idle_mb]
-
-        def sample() -> None:
-            while operator is not None and operator.poll() is None and not recorder.stop.is_set():
-                peak.append(rss_mb(operator.pid))
-                time.sleep(0.2)
-
-        threading.Thread(target=sample, daemon=True).start()
-        custom = client.CustomObjectsApi()
-        applied: dict[str, float] = {}
-        burst_start = time.monotonic()
-        for i in range(args.jobs):
-            name = f"bench-{i:03d}"
-            custom.create_namespaced_custom_object("rljob.io", "v1alpha1", ns, "rljobs", rljob(name, ns))
-            applied[name] = time.monotonic()
-        burst = time.monotonic() - burst_start
-        deadline = time.monotonic() + args.timeout
-        while time.monotonic() < deadline and len(recorder.running) < args.jobs:
-            time.sleep(0.5)
-        time.sleep(2 * args.interval)  # a few more polls at steady state
-        recorder.stop.set()
-        cpu = cpu_seconds(operator.pid) - cpu_before
-        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
-            metrics = r.read().decode()
-        error_lines = [line for line in metrics.splitlines() if line.startswith("rljob_operator_errors_total{")]
-        errors = sum(float(line.split()[-1]) for line in error_lines)
-        result: dict[str, Any] = {
-            "jobs": args.jobs,
-            "interval_s": args.interval,
-            "apply_burst_s": round(burst, 2),
-            "operator": {
-                "apply_to_raycluster": latencies(applied, recorder.ray_cluster),
-                "apply_to_pools_running": latencies(applied, recorder.pools_running),
-                "apply_to_phase_running": latencies(applied, recorder.running),
-                "create_handler": handler_stats(metrics, "reconcile"),
-                "rss_idle_mb": round(idle_mb, 1),
-                "rss_peak_mb": round(max(peak), 1),
-                "cpu_seconds": round(cpu, 1),
-                "reconcile_errors": errors,
-            },
-        }
+        operator, metrics_port = start_operator(env, state, args.interval)
+        result = burst(operator, metrics_port, ns, args)
         operator.terminate()
         operator.wait(timeout=30)
         operator = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rljob_api import RLJob, VolumeSource
@@ -125,3 +126,29 @@ def pool_resources(placement: Placement, *, cpus: float, gpus: int) -> dict[str,
 def ray_cpus(resources: dict[str, dict[str, str]], cpus: float) -> int:
     """CPUs a Ray node advertises: what its pod requests, at least what its actors need, whole cores."""
     return max(1, math.ceil(max(cpu_cores(resources["requests"]["cpu"]), cpus)))
+
+
+def container(job: RLJob, name: str, **fields: Any) -> dict[str, Any]:
+    """A container of the job's image: name, image and pull policy, then `fields` in the order given."""
+    return {"name": name, "image": job.spec.image, "imagePullPolicy": job.spec.image_pull_policy, **fields}
+
+
+def pod_template(
+    labels: Mapping[str, str],
+    main: dict[str, Any],
+    *,
+    account: Mapping[str, Any],
+    volumes: list[dict[str, Any]] | None = None,
+    node_selector: Mapping[str, str] | None = None,
+    tolerations: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """The one pod template builder of the pools, the head and the driver: their labels, and a spec of
+    `account` (service account fields, restart policy), the one container, its volumes and placement."""
+    spec: dict[str, Any] = {**account, "containers": [main]}
+    if volumes is not None:
+        spec["volumes"] = volumes
+    if node_selector:
+        spec["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        spec["tolerations"] = [dict(t) for t in tolerations]
+    return {"metadata": {"labels": dict(labels)}, "spec": spec}

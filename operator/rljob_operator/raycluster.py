@@ -12,7 +12,7 @@ from rljob_api.workercfg import POOLS, Pool, pool_resource
 
 from .names import component_labels, pool_labels, ray_cluster_name
 from .options import RenderOptions, RewardGroup
-from .pods import pool_resources, ray_cpus, volume_mounts, volumes
+from .pods import container, pod_template, pool_resources, ray_cpus, volume_mounts, volumes
 
 RAY_API_VERSION = "ray.io/v1"
 
@@ -100,24 +100,16 @@ def worker_group(job: RLJob, shape: PoolShape, reward: RewardGroup) -> dict[str,
     cpus = shape.cpus_per_actor * shape.actors_per_pod
     resources = pool_resources(shape.placement, cpus=cpus, gpus=shape.gpus)
     tokens = shape.pool == "reward"
-    pod_spec: dict[str, Any] = {
-        **ray_pod_account(job),
-        "containers": [
-            {
-                "name": "ray-worker",
-                "image": job.spec.image,
-                "imagePullPolicy": job.spec.image_pull_policy,
-                "env": _env(job, shape.pool),
-                "resources": resources,
-                "volumeMounts": volume_mounts(job, tokens=tokens),
-            }
-        ],
-        "volumes": volumes(job, tokens=tokens),
-    }
-    if shape.placement.node_selector:
-        pod_spec["nodeSelector"] = dict(shape.placement.node_selector)
-    if shape.placement.tolerations:
-        pod_spec["tolerations"] = [t.to_wire() for t in shape.placement.tolerations]
+    mounts = volume_mounts(job, tokens=tokens)
+    main = container(job, "ray-worker", env=_env(job, shape.pool), resources=resources, volumeMounts=mounts)
+    template = pod_template(
+        pool_labels(job, shape.pool),
+        main,
+        account=ray_pod_account(job),
+        volumes=volumes(job, tokens=tokens),
+        node_selector=shape.placement.node_selector,
+        tolerations=[t.to_wire() for t in shape.placement.tolerations],
+    )
     group: dict[str, Any] = {
         "groupName": shape.pool,
         "replicas": shape.replicas,
@@ -129,7 +121,7 @@ def worker_group(job: RLJob, shape: PoolShape, reward: RewardGroup) -> dict[str,
             # KubeRay passes the value to `ray start --resources` as is: a JSON object inside quotes.
             "resources": json.dumps(json.dumps({pool_resource(shape.pool): shape.actors_per_pod})),
         },
-        "template": {"metadata": {"labels": pool_labels(job, shape.pool)}, "spec": pod_spec},
+        "template": template,
     }
     if shape.pool == "reward":
         # Scale-down removes exactly the replicas the controller drained (see scaling.py).
@@ -139,34 +131,30 @@ def worker_group(job: RLJob, shape: PoolShape, reward: RewardGroup) -> dict[str,
 
 def head_group(job: RLJob, options: RenderOptions) -> dict[str, Any]:
     """The head: GCS and dashboard only (num-cpus 0), so no pool actor lands on it."""
-    pod_spec: dict[str, Any] = {
-        **ray_pod_account(job),
-        "containers": [
-            {
-                "name": "ray-head",
-                "image": job.spec.image,
-                "imagePullPolicy": job.spec.image_pull_policy,
-                "env": _env(job, "head"),
-                "resources": {
-                    "requests": {"cpu": options.head_cpu, "memory": options.head_memory},
-                    "limits": {"memory": options.head_memory},
-                },
-                "ports": [
-                    {"name": "gcs", "containerPort": 6379},
-                    {"name": "dashboard", "containerPort": 8265},
-                    {"name": "client", "containerPort": 10001},
-                ],
-            }
+    main = container(
+        job,
+        "ray-head",
+        env=_env(job, "head"),
+        resources={
+            "requests": {"cpu": options.head_cpu, "memory": options.head_memory},
+            "limits": {"memory": options.head_memory},
+        },
+        ports=[
+            {"name": "gcs", "containerPort": 6379},
+            {"name": "dashboard", "containerPort": 8265},
+            {"name": "client", "containerPort": 10001},
         ],
-    }
-    if options.system_node_selector:
-        pod_spec["nodeSelector"] = dict(options.system_node_selector)
-    if options.system_tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in options.system_tolerations]
+    )
     return {
         "serviceType": "ClusterIP",
         "rayStartParams": {"dashboard-host": "0.0.0.0", "num-cpus": "0", "num-gpus": "0"},
-        "template": {"metadata": {"labels": component_labels(job, "head")}, "spec": pod_spec},
+        "template": pod_template(
+            component_labels(job, "head"),
+            main,
+            account=ray_pod_account(job),
+            node_selector=options.system_node_selector,
+            tolerations=options.system_tolerations,
+        ),
     }
 
 

@@ -1,9 +1,12 @@
 """The operator's two actions over the pure cores: make the children match the spec, and refresh status.
 
-`ensure_children` renders and applies (server-side apply, idempotent) and deletes what must not
-exist (suspend: the pools and the driver; a finished run: the pools). `refresh` reads the children
-and the controller, sizes the reward group, releases the pools of a finished run, writes status when
-it changed, and posts an Event on every phase change and every new Degraded reason.
+`write_children` is the one writer of an RLJob's children: it renders them from the spec and the
+job's `Desired` state (desired.py: the reward group's size, whether the run has ended), applies them
+(server-side apply, idempotent) and deletes what must not exist (suspend: the pools and the driver;
+a finished run: the pools). `ensure_children` (the handlers) writes every child; `refresh` reads the
+children and the controller, updates the `Desired` state (a scale decision, a release) and has
+`write_children` write the pools where their rendering changed, then writes status when it changed
+and posts an Event on every phase change and every new Degraded reason. Both are serialised per job.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from rljob_api import RLJob, RLJobInvalid, RLJobStatus, derive_worker_configs, p
 
 from .config import OperatorConfig
 from .control import ControlClients
+from .desired import Desired, next_desired, read_back
 from .informer import Children
 from .kube import Kube, describe
 from .metrics import OperatorMetrics
@@ -30,11 +34,9 @@ from .names import (
     driver_name,
     ray_cluster_name,
 )
-from .observe import Observed, driver_info, observe, reward_group
-from .options import Owner, RewardGroup
-from .raycluster import render_ray_cluster
-from .render import absent_kinds, render
-from .scaling import decide_reward_group
+from .observe import Observed, observe, reward_group
+from .options import Owner
+from .render import POOL_KINDS, absent_kinds, render, render_pools
 from .status import compute_status
 
 log = logging.getLogger(__name__)
@@ -91,6 +93,8 @@ class Context:
     jobs: dict[Key, dict[str, Any]] = field(default_factory=dict)  # newest body of each RLJob, from the watch
     last: dict[Key, RLJobStatus] = field(default_factory=dict)  # the status last written
     snapshots: dict[Key, control_pb.JobStatus | None] = field(default_factory=dict)  # the controller's, last poll
+    desired: dict[Key, Desired] = field(default_factory=dict)  # what the pools are rendered from (desired.py)
+    pools: dict[Key, dict[str, dict[str, Any] | None]] = field(default_factory=dict)  # as last written; None: deleted
     locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     poked: set[Key] = field(default_factory=set)  # jobs whose children changed since the last refresh
     wake: asyncio.Event = field(default_factory=asyncio.Event)
@@ -114,46 +118,102 @@ class Context:
             port=derive_worker_configs(job).ports.control,
         )
 
+    def drop(self, key: Key) -> None:
+        """Forget what was kept of a job's state (its status, snapshot, decisions, pools as written)."""
+        for table in (self.last, self.snapshots, self.desired, self.pools):
+            table.pop(key, None)  # type: ignore[attr-defined]
+
     async def forget(self, key: Key, job: RLJob | None) -> None:
-        for table in (self.jobs, self.last, self.locks, self.snapshots):
+        self.drop(key)
+        for table in (self.jobs, self.locks):
             table.pop(key, None)  # type: ignore[attr-defined]
         self.metrics.forget(key)
         if job is not None:
             await self.control.forget(self.control_address(job))
 
 
+def key_of(job: RLJob) -> Key:
+    return (job.metadata.namespace, job.metadata.name)
+
+
 async def ensure_children(ctx: Context, job: RLJob, body: Mapping[str, Any]) -> None:
-    """Apply every child the job should have and delete those it must not have. Idempotent."""
+    """Apply every child the job should have and delete those it must not have (the create, update and
+    resume handlers). Idempotent; serialised with the job's refreshes."""
     ns = job.metadata.namespace
-    cache = ctx.cached()
-    if cache is not None:
-        ray_cluster = cache.ray_clusters.get(ns, ray_cluster_name(job))
-        driver_job = cache.jobs.get(ns, driver_name(job))
+    async with ctx.lock(key_of(job)):
+        cache = ctx.cached()
+        if cache is not None:
+            ray_cluster = cache.ray_clusters.get(ns, ray_cluster_name(job))
+            driver_job = cache.jobs.get(ns, driver_name(job))
+        else:
+            ray_cluster, driver_job = await asyncio.gather(
+                ctx.kube.get("RayCluster", ns, ray_cluster_name(job)), ctx.kube.get("Job", ns, driver_name(job))
+            )
+        seen = observe(ray_cluster, (), driver_job)
+        current = ctx.desired.get(key_of(job)) or read_back(seen)
+        ctx.desired[key_of(job)] = desired = next_desired(job, current, seen)
+        await write_children(ctx, job, body, desired)
+
+
+async def write_children(
+    ctx: Context, job: RLJob, body: Mapping[str, Any], desired: Desired, *, pools_only: bool = False
+) -> None:
+    """The one writer of an RLJob's children: render them from the spec and `desired`, apply, and delete
+    those that must not exist. The caller holds the job's lock.
+
+    Every child (the handlers), in dependency waves. `pools_only` (a refresh): only the pools, and only
+    where their rendering differs from what this process last wrote; nothing for a job no handler has
+    written yet in this process (after a restart the resume handler writes it first).
+    """
+    key = key_of(job)
+    written = ctx.pools.get(key)
+    if pools_only and written is None:
+        return
+    owner = owner_of(body)
+    if pools_only:
+        docs = render_pools(job, ctx.config.render, desired.reward, desired.finished, owner)
+        waves: tuple[tuple[str, ...], ...] = (POOL_KINDS,)
     else:
-        ray_cluster, driver_job = await asyncio.gather(
-            ctx.kube.get("RayCluster", ns, ray_cluster_name(job)), ctx.kube.get("Job", ns, driver_name(job))
-        )
-    replicas, to_delete = reward_group(ray_cluster)
-    driver = driver_info(driver_job, ())
-    finished = driver is not None and driver.finished
-    docs = render(
-        job,
-        ctx.config.render,
-        owner=owner_of(body),
-        reward=RewardGroup(replicas, to_delete),
-        finished=finished,
-    )
-    # The pools first (they need nothing else to be scheduled: their pods use no account of ours), then
-    # what others need (the driver's ServiceAccount and ConfigMap; the Role, which a RoleBinding is checked
-    # against), then the rest at once.
-    for wave in (("RayCluster",), ("ServiceAccount", "ConfigMap", "Role"), ("RoleBinding", "Service", "Job")):
-        urgent = wave == ("RayCluster",)
-        await asyncio.gather(*(ctx.kube.apply(d, urgent=urgent) for d in docs if d["kind"] in wave))
+        docs = render(job, ctx.config.render, owner=owner, reward=desired.reward, finished=desired.finished)
+        # The pools first (they need nothing else to be scheduled: their pods use no account of ours), then
+        # what others need (the driver's ServiceAccount and ConfigMap; the Role, which a RoleBinding is
+        # checked against), then the rest at once.
+        waves = (POOL_KINDS, ("ServiceAccount", "ConfigMap", "Role"), ("RoleBinding", "Service", "Job"))
+    written = ctx.pools.setdefault(key, {})
+    for wave in waves:
+        todo = [d for d in docs if d["kind"] in wave and not (pools_only and written.get(d["kind"]) == d)]
+        await asyncio.gather(*(_apply(ctx, body, d, written, urgent=wave == POOL_KINDS) for d in todo))
     names = {"RayCluster": ray_cluster_name(job), "Job": driver_name(job)}
-    for kind in absent_kinds(job, finished=finished):
-        if await ctx.kube.delete(kind, ns, names[kind]):
-            reason = "Suspended" if job.spec.suspend else "PoolsReleased"
-            await post(ctx, body, "Normal", reason, f"deleted {kind} {names[kind]}")
+    for kind in absent_kinds(job, finished=desired.finished):
+        if pools_only and (kind not in POOL_KINDS or written.get(kind) is None):
+            continue
+        if await ctx.kube.delete(kind, job.metadata.namespace, names[kind]):
+            await post(ctx, body, "Normal", *_deleted(job, kind, names[kind]))
+        if kind in POOL_KINDS:
+            written[kind] = None
+
+
+async def _apply(
+    ctx: Context, body: Mapping[str, Any], doc: dict[str, Any], written: dict[str, dict[str, Any] | None], urgent: bool
+) -> None:
+    """Apply one child; for the pools, keep what was written and announce a changed reward group."""
+    await ctx.kube.apply(doc, urgent=urgent)
+    kind = doc["kind"]
+    if kind not in POOL_KINDS:
+        return
+    before, written[kind] = written.get(kind), doc
+    if before is None or reward_group(before) == reward_group(doc):
+        return
+    (was, _), (now, to_delete) = reward_group(before), reward_group(doc)
+    removed = f", removing drained {', '.join(to_delete)}" if to_delete else ""
+    await post(ctx, body, "Normal", "RewardScaled", f"reward replicas {was} -> {now}{removed}")
+
+
+def _deleted(job: RLJob, kind: str, name: str) -> tuple[str, str]:
+    """The reason and message of the Event on deleting a child."""
+    if job.spec.suspend:
+        return "Suspended", f"deleted {kind} {name}"
+    return "PoolsReleased", f"the run ended; its {kind} {name} is deleted, the driver Job kept"
 
 
 async def observe_children(ctx: Context, job: RLJob) -> Observed:
@@ -173,56 +233,40 @@ async def observe_children(ctx: Context, job: RLJob) -> Observed:
     return observe(ray_cluster, pods, driver_job)
 
 
-async def scale_reward(
-    ctx: Context, job: RLJob, body: Mapping[str, Any], observed: Observed, snapshot: control_pb.JobStatus
-) -> Observed:
-    """Apply the controller's reward decision to the RayCluster; only drained pods are removed."""
-    current = RewardGroup(observed.reward_replicas, observed.reward_workers_to_delete)
-    pods = {p.name for p in observed.pool_pods("reward") if not p.deleting}
-    decision = decide_reward_group(
-        job.spec.reward.replicas, current, snapshot.reward.desired, list(snapshot.reward.drained), pods
-    )
-    if decision == current:
-        return observed
-    doc = render_ray_cluster(job, ctx.config.render, decision)
-    doc["metadata"]["ownerReferences"] = [owner_of(body).reference()]
-    await ctx.kube.apply(doc)
-    removed = f", removing drained {', '.join(decision.workers_to_delete)}" if decision.workers_to_delete else ""
-    message = f"reward replicas {current.replicas} -> {decision.replicas}{removed}"
-    await post(ctx, body, "Normal", "RewardScaled", message)
-    return replace(observed, reward_replicas=decision.replicas, reward_workers_to_delete=decision.workers_to_delete)
+async def poll_controller_of(
+    ctx: Context, job: RLJob, observed: Observed, poll: bool
+) -> tuple[control_pb.JobStatus | None, bool]:
+    """The controller's snapshot while the driver runs (polled when `poll` or none is kept yet, else the
+    last one), and whether it was polled just now."""
+    key = key_of(job)
+    driver = observed.driver
+    if driver is None or not driver.running:
+        ctx.snapshots.pop(key, None)
+        return None, False
+    if poll or key not in ctx.snapshots:
+        ctx.snapshots[key] = await ctx.control.snapshot(ctx.control_address(job))
+        return ctx.snapshots[key], True
+    return ctx.snapshots[key], False
 
 
 async def refresh(
     ctx: Context, job: RLJob, body: Mapping[str, Any], *, poll_controller: bool = True
 ) -> RLJobStatus | None:
-    """Observe, scale, release, and write status (only when it changed). Serialised per job.
+    """Observe, decide (scale, release) and write the pools that changed, then status (only when it
+    changed). Serialised per job.
 
     `poll_controller` False (a child changed) reuses the controller's last snapshot and does not scale.
     None: the RLJob was deleted meanwhile; nothing is remembered or announced for it.
     """
-    key = (job.metadata.namespace, job.metadata.name)
+    key = key_of(job)
     async with ctx.lock(key):
         observed = await observe_children(ctx, job)
-        driver = observed.driver
-        snapshot = None
-        fresh = False
-        if driver is not None and driver.running:
-            if poll_controller or key not in ctx.snapshots:
-                snapshot = ctx.snapshots[key] = await ctx.control.snapshot(ctx.control_address(job))
-                fresh = True
-            else:
-                snapshot = ctx.snapshots[key]
-        else:
-            ctx.snapshots.pop(key, None)
-        live = not job.spec.suspend and not (driver is not None and driver.finished)
-        if fresh and snapshot is not None and live and observed.ray_cluster:
-            observed = await scale_reward(ctx, job, body, observed, snapshot)
-        if not live and observed.ray_cluster and not job.spec.suspend:
-            await ctx.kube.delete("RayCluster", job.metadata.namespace, ray_cluster_name(job))
-            message = "the run ended; its RayCluster is deleted, the driver Job kept"
-            await post(ctx, body, "Normal", "PoolsReleased", message)
-            observed = replace(observed, ray_cluster=False)
+        snapshot, fresh = await poll_controller_of(ctx, job, observed, poll_controller)
+        current = ctx.desired.get(key) or read_back(observed)
+        desired = ctx.desired[key] = next_desired(job, current, observed, snapshot if fresh else None)
+        await write_children(ctx, job, body, desired, pools_only=True)
+        reward = desired.reward
+        observed = replace(observed, reward_replicas=reward.replicas, reward_workers_to_delete=reward.workers_to_delete)
         previous = ctx.last.get(key) or stored_status(body)
         status = compute_status(
             job,
@@ -235,6 +279,7 @@ async def refresh(
         wire = status.model_dump(by_alias=True, mode="json")
         changed = previous is None or previous.model_dump(by_alias=True, mode="json") != wire
         if changed and not await ctx.kube.patch_status(job.metadata.namespace, job.metadata.name, wire):
+            ctx.drop(key)
             return None
         ctx.last[key] = status
         await announce(ctx, body, previous, status)

@@ -3,7 +3,7 @@
 Children: ServiceAccount, Role, RoleBinding (what the driver may read), the ConfigMap
 (`rljob.yaml`, `workers.json`), the control, metrics and reward Services, the pools (the
 RayCluster) and the driver (a batch Job). The handler applies them in dependency waves
-(reconciler.ensure_children). A suspended job has no pools and no driver; a finished one keeps its
+(reconciler.write_children). A suspended job has no pools and no driver; a finished one keeps its
 driver Job (the record of how it ended) but releases its pools.
 """
 
@@ -32,7 +32,7 @@ from .names import (
     service_account_name,
 )
 from .options import Owner, RenderOptions, RewardGroup
-from .pods import volume_mounts, volumes
+from .pods import container, pod_template, volume_mounts, volumes
 from .raycluster import render_ray_cluster
 
 # The children that hold GPUs (the pools) and the driver: what suspend deletes.
@@ -128,45 +128,38 @@ def render_driver(job: RLJob, options: RenderOptions) -> dict[str, Any]:
     """The driver: a Job running the controller (`rljob run --cluster --resume`); a retry resumes from
     the newest checkpoint, and its Complete/Failed condition is how the run ended."""
     ports = derive_worker_configs(job).ports
-    pod_spec: dict[str, Any] = {
-        "restartPolicy": "Never",
-        "serviceAccountName": service_account_name(job),
-        "containers": [
-            {
-                "name": "driver",
-                "image": job.spec.image,
-                "imagePullPolicy": job.spec.image_pull_policy,
-                "command": ["/bin/sh", "-c", DRIVER_SCRIPT],
-                "env": [
-                    {"name": "RAY_ADDRESS", "value": f"{head_service_name(job)}.{job.metadata.namespace}.svc:6379"},
-                    {"name": "RLJOB_JOB", "value": job.metadata.name},
-                    {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-                ],
-                "ports": [
-                    {"name": "grpc", "containerPort": ports.control},
-                    {"name": "metrics", "containerPort": ports.metrics},
-                ],
-                "resources": {
-                    "requests": {"cpu": options.driver_cpu, "memory": options.driver_memory},
-                    "limits": {"memory": options.driver_memory},
-                },
-                "volumeMounts": volume_mounts(job, tokens=True),
-            }
+    main = container(
+        job,
+        "driver",
+        command=["/bin/sh", "-c", DRIVER_SCRIPT],
+        env=[
+            {"name": "RAY_ADDRESS", "value": f"{head_service_name(job)}.{job.metadata.namespace}.svc:6379"},
+            {"name": "RLJOB_JOB", "value": job.metadata.name},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         ],
-        "volumes": volumes(job, tokens=True),
-    }
-    if options.system_node_selector:
-        pod_spec["nodeSelector"] = dict(options.system_node_selector)
-    if options.system_tolerations:
-        pod_spec["tolerations"] = [dict(t) for t in options.system_tolerations]
+        ports=[
+            {"name": "grpc", "containerPort": ports.control},
+            {"name": "metrics", "containerPort": ports.metrics},
+        ],
+        resources={
+            "requests": {"cpu": options.driver_cpu, "memory": options.driver_memory},
+            "limits": {"memory": options.driver_memory},
+        },
+        volumeMounts=volume_mounts(job, tokens=True),
+    )
+    template = pod_template(
+        component_labels(job, "driver"),
+        main,
+        account={"restartPolicy": "Never", "serviceAccountName": service_account_name(job)},
+        volumes=volumes(job, tokens=True),
+        node_selector=options.system_node_selector,
+        tolerations=options.system_tolerations,
+    )
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": _meta(job, driver_name(job), "driver"),
-        "spec": {
-            "backoffLimit": options.driver_backoff_limit,
-            "template": {"metadata": {"labels": component_labels(job, "driver")}, "spec": pod_spec},
-        },
+        "spec": {"backoffLimit": options.driver_backoff_limit, "template": template},
     }
 
 
@@ -176,6 +169,15 @@ def _finish(doc: dict[str, Any], job: RLJob, owner: Owner | None) -> dict[str, A
     if owner is not None:
         metadata["ownerReferences"] = [owner.reference()]
     return doc
+
+
+def render_pools(
+    job: RLJob, options: RenderOptions, reward: RewardGroup, finished: bool, owner: Owner | None
+) -> list[dict[str, Any]]:
+    """The pools the job should have now: its RayCluster, or none (suspended, or the run finished)."""
+    if job.spec.suspend or finished:
+        return []
+    return [_finish(render_ray_cluster(job, options, reward), job, owner)]
 
 
 def render(
@@ -191,13 +193,11 @@ def render(
     `reward` is the reward group's current size and the drained replicas to delete (see scaling.py);
     `finished` (the driver Job completed or failed) releases the pools but keeps the driver Job.
     """
-    reward = reward or RewardGroup()
-    docs = [*render_rbac(job), render_config_map(job), *render_services(job)]
+    docs = [_finish(doc, job, owner) for doc in (*render_rbac(job), render_config_map(job), *render_services(job))]
+    docs += render_pools(job, options, reward or RewardGroup(), finished, owner)
     if not job.spec.suspend:
-        if not finished:
-            docs.append(render_ray_cluster(job, options, reward))
-        docs.append(render_driver(job, options))
-    return [_finish(doc, job, owner) for doc in docs]
+        docs.append(_finish(render_driver(job, options), job, owner))
+    return docs
 
 
 def absent_kinds(job: RLJob, *, finished: bool = False) -> tuple[str, ...]:

@@ -163,8 +163,8 @@ def test_rbac_covers_what_the_operator_does() -> None:
 
 def _known_metrics() -> set[str]:
     names = {m.name for m in OperatorMetrics().registry.collect()}
-    worker_source = (REPO / "workers" / "rljob_workers" / "metrics.py").read_text()
-    names |= set(re.findall(r'(?:Gauge|Counter|Histogram)\(\s*"(rljob_\w+)"', worker_source))
+    for module in sorted((REPO / "workers" / "rljob_workers").rglob("*.py")):  # the driver's and the pools'
+        names |= set(re.findall(r'(?:Gauge|Counter|Histogram)\(\s*"(rljob_\w+)"', module.read_text()))
     return names
 
 

@@ -2,15 +2,15 @@
 
 Same setup as test_operator_integration.py (one e2e cluster per module, the operator as a
 subprocess with the chart's RBAC, a stand-in ControlService, the tests as the kubelet of the head and
-driver pods), but with the three tainted GPU pools of e2e/pools.example.yaml and jobs that select
-them. The last test adds 1,000 fake GPU nodes and applies 50 RLJobs at once (2-3 minutes on 2 cores).
+driver pods: the fixtures of e2e_fixtures.py), but with the three tainted GPU pools of
+e2e/pools.example.yaml and jobs that select them (helpers in e2e_gpu.py). The last test adds 1,000
+fake GPU nodes and applies 50 RLJobs at once (2-3 minutes on 2 cores).
 """
 
 from __future__ import annotations
 
 import json
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,61 +18,31 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from e2e_cluster import (
-    CRD,
-    E2E,
-    Cluster,
-    FakeControl,
-    OperatorProcess,
-    fake_control,
-    fresh_namespace,
-    install_crd,
-    skip_without_binaries,
-    start_operator,
-    wait_for,
+from e2e_cluster import Cluster, OperatorProcess, skip_without_binaries, wait_for
+from e2e_gpu import (
+    POOLS,
+    TAINT,
+    Pool,
+    all_pools_running,
+    create_nodes,
+    gpu_job,
+    misplaced,
+    node_labels,
+    operator_errors,
+    pool,
+    pool_pods,
+    wait_ready,
 )
-from test_operator_integration import ARITHMETIC, condition, phase_is, rljob, run_pods, status_of, status_where
-
-sys.path.insert(0, str(E2E))
-from nodes import Pool
+from e2e_jobs import condition, phase_is, run_pods, status_of, status_where
 
 pytestmark = skip_without_binaries()
-GPU_TOLERATION = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-TAINT = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
-POOLS = ("rollout", "trainer", "reward")
+pytest_plugins = ["e2e_fixtures"]
+NS_PREFIX = "s"
 # test_reward_node_lost_and_back has a reward pool of its own (one node), so deleting that node
 # touches no other test's pods; its nodes still carry `rljob.io/pool: reward`.
 LOST_POOL = Pool(name="reward-lost", count=1, gpus=4, labels={"rljob.io/pool": "reward"}, taints=TAINT)
 SCALE_NODES = 1000
 SCALE_JOBS = 50
-
-
-def gpu_job(name: str, ns: str, reward_selector: dict[str, str] | None = None) -> dict[str, Any]:
-    """The arithmetic example on the GPU pools: 8 GPUs for the rollout replica and the trainer rank."""
-    return rljob(
-        name,
-        ns,
-        rollout={
-            **ARITHMETIC["spec"]["rollout"],
-            "gpusPerReplica": 8,
-            "nodeSelector": {"rljob.io/pool": "rollout"},
-            "tolerations": GPU_TOLERATION,
-        },
-        trainer={
-            **ARITHMETIC["spec"]["trainer"],
-            "gpusPerNode": 8,
-            "nodeSelector": {"rljob.io/pool": "trainer"},
-            "tolerations": GPU_TOLERATION,
-        },
-        reward={
-            **ARITHMETIC["spec"]["reward"],
-            "nodeSelector": reward_selector or {"rljob.io/pool": "reward"},
-            "tolerations": GPU_TOLERATION,
-        },
-    )
-
-
-# ---------------------------------------------------------------- fixtures (one cluster per module)
 
 
 @pytest.fixture(scope="module")
@@ -87,115 +57,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         yield c
     finally:
         c.script("clean")
-
-
-def pool(name: str, count: int, gpus: int, prefix: str = "") -> list[dict[str, Any]]:
-    p = Pool(name=f"{prefix}{name}", count=count, gpus=gpus, labels={"rljob.io/pool": name}, taints=TAINT)
-    return p.nodes()
-
-
-@pytest.fixture(scope="module")
-def crd(cluster: Cluster) -> str:
-    return install_crd(cluster, str(CRD))
-
-
-@pytest.fixture(scope="module")
-def control() -> Iterator[tuple[FakeControl, int]]:
-    with fake_control() as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Cluster, crd: str, control: tuple[FakeControl, int], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    op = start_operator(cluster, control[1], tmp_path_factory.mktemp("operator-scale") / "operator.log")
-    yield op
-    op.stop()
-
-
-@pytest.fixture
-def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    with fresh_namespace(cluster, request.node.name, "s") as name:
-        yield name
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def create_nodes(cluster: Cluster, nodes: list[dict[str, Any]], batch: int = 100, workers: int = 4) -> None:
-    """Server-side apply in batches, a few kubectl processes at once. The status in the document is
-    kept when the node is created (kwok then keeps it Ready); capacity is checked by the callers."""
-    chunks = [nodes[i : i + batch] for i in range(0, len(nodes), batch)]
-
-    def one(chunk: list[dict[str, Any]]) -> None:
-        docs = "\n---\n".join(json.dumps(n) for n in chunk)
-        cluster.kubectl(
-            "apply", "--server-side", "--field-manager=rljob-e2e-nodes", "--force-conflicts", "-f", "-", input=docs
-        )
-
-    with ThreadPoolExecutor(workers) as pool_:
-        list(pool_.map(one, chunks))
-
-
-def ready_nodes(cluster: Cluster, selector: str) -> dict[str, dict[str, str]]:
-    """Ready nodes matching `selector`: name -> labels."""
-    items = json.loads(cluster.kubectl("get", "nodes", "-l", selector, "-o", "json").stdout)["items"]
-    return {
-        n["metadata"]["name"]: n["metadata"]["labels"]
-        for n in items
-        if any(c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions") or [])
-    }
-
-
-def wait_ready(cluster: Cluster, selector: str, count: int, timeout: float) -> dict[str, dict[str, str]]:
-    return wait_for(
-        f"{count} Ready nodes ({selector})",
-        lambda: (lambda got: got if len(got) == count else None)(ready_nodes(cluster, selector)),
-        timeout=timeout,
-        every=1.0,
-    )
-
-
-def node_labels(cluster: Cluster) -> dict[str, dict[str, str]]:
-    out = cluster.kubectl("get", "nodes", "-o", "json").stdout
-    return {n["metadata"]["name"]: n["metadata"]["labels"] for n in json.loads(out)["items"]}
-
-
-def pool_pods(cluster: Cluster, ns: str, selector: str = "rljob.io/pool") -> list[dict[str, Any]]:
-    return [p for p in cluster.objects("pods", ns, selector) if not p["metadata"].get("deletionTimestamp")]
-
-
-def misplaced(pods: list[dict[str, Any]], nodes: dict[str, dict[str, str]]) -> list[str]:
-    """Pool pods on a node of another pool (or on no known node)."""
-    bad = []
-    for p in pods:
-        pool_ = p["metadata"]["labels"]["rljob.io/pool"]
-        node = p["spec"].get("nodeName")
-        if nodes.get(node or "", {}).get("rljob.io/pool") != pool_:
-            bad.append(f"{p['metadata']['name']} (pool {pool_}) on {node!r} {nodes.get(node or '')}")
-    return bad
-
-
-def all_pools_running(cluster: Cluster, ns: str, job: str) -> list[dict[str, Any]] | None:
-    pods = pool_pods(cluster, ns, f"rljob.io/job={job},rljob.io/pool")
-    pools = sorted(p["metadata"]["labels"]["rljob.io/pool"] for p in pods if p["status"].get("phase") == "Running")
-    return pods if pools == sorted(POOLS) else None
-
-
-def operator_errors(op: OperatorProcess) -> list[str]:
-    """Metric samples that count a failed reconcile or an operator error (non-zero only)."""
-    bad = []
-    for line in op.metrics().splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name, _, value = line.rpartition(" ")
-        failed = name.startswith("rljob_operator_errors_total") or (
-            name.startswith("rljob_operator_reconciles_total") and 'result="ok"' not in name
-        )
-        if failed and float(value) > 0:
-            bad.append(line)
-    return bad
 
 
 # ---------------------------------------------------------------- the tests
@@ -316,18 +177,7 @@ def test_pool_pod_marked_not_ready_and_back(cluster: Cluster, operator: Operator
 def test_scale_1000_gpu_nodes_50_jobs(
     cluster: Cluster, operator: OperatorProcess, ns: str, request: pytest.FixtureRequest
 ) -> None:
-    t0 = time.monotonic()
-    per_pool = {"rollout": 400, "trainer": 400, "reward": 200}
-    assert sum(per_pool.values()) == SCALE_NODES
-    nodes = [n for name, count in per_pool.items() for n in pool(name, count, 8, prefix="scale-")]
-    create_nodes(cluster, nodes)
-    created = time.monotonic() - t0
-    selector = "rljob.io/e2e-pool in (scale-rollout,scale-trainer,scale-reward)"
-    wait_ready(cluster, selector, SCALE_NODES, timeout=180)
-    print(f"{SCALE_NODES} kwok GPU nodes: applied in {created:.1f}s, all Ready after {time.monotonic() - t0:.1f}s")
-    sample = cluster.get("node", "scale-reward-199", "")
-    assert sample is not None and sample["status"]["allocatable"].get("nvidia.com/gpu") == "8", sample
-
+    add_scale_nodes(cluster)
     names = [f"job-{i:02d}" for i in range(SCALE_JOBS)]
     docs = "\n---\n".join(json.dumps(gpu_job(n, ns)) for n in names)
     seen = FirstSeen(cluster, ns)  # polls RLJobs and RayClusters while the apply runs
@@ -335,31 +185,7 @@ def test_scale_1000_gpu_nodes_50_jobs(
     applied = time.monotonic()
     cluster.kubectl("apply", "--server-side", "-f", "-", input=docs)
     apply_s = time.monotonic() - applied
-    kubeleted: set[str] = set()
-    deadline = applied + 240
-    running: list[str] = []
-    while True:
-        # Play the kubelet of the head and driver pods that appeared since the last round.
-        system = [
-            p
-            for p in cluster.objects("pods", ns, "rljob.io/component in (head,driver)")
-            if p["metadata"]["name"] not in kubeleted and p["status"].get("phase") == "Pending"
-        ]
-        with ThreadPoolExecutor(4) as pool_:
-            list(pool_.map(lambda p: _kubelet_pod(cluster, ns, p), system))
-        kubeleted.update(p["metadata"]["name"] for p in system)
-        jobs = cluster.objects("rljobs", ns)
-        running = sorted(j["metadata"]["name"] for j in jobs if (j.get("status") or {}).get("phase") == "Running")
-        if len(running) == SCALE_JOBS:
-            break
-        if time.monotonic() > deadline:
-            phases = {j["metadata"]["name"]: (j.get("status") or {}).get("phase") for j in jobs}
-            stuck = {n: p for n, p in phases.items() if p != "Running"}
-            raise AssertionError(
-                f"{len(running)}/{SCALE_JOBS} jobs Running after 240s; RayClusters {len(seen.raycluster)}; "
-                f"not Running: {stuck}; first of them: {_explain(cluster, ns, sorted(stuck)[0])}"
-            )
-        time.sleep(1.0)
+    play_kubelet_until_running(cluster, ns, seen, deadline=applied + 240)
     all_running = time.monotonic() - applied
     seen.stop()
     assert sorted(seen.raycluster) == names, sorted(set(names) - set(seen.raycluster))
@@ -382,6 +208,50 @@ def test_scale_1000_gpu_nodes_50_jobs(
         f"all Running after {all_running:.1f}s; "
         f"pods on {len({p['spec']['nodeName'] for p in pods})} distinct nodes"
     )
+
+
+def add_scale_nodes(cluster: Cluster) -> None:
+    """1,000 kwok GPU nodes (8 GPUs each) in the three pools, all Ready."""
+    t0 = time.monotonic()
+    per_pool = {"rollout": 400, "trainer": 400, "reward": 200}
+    assert sum(per_pool.values()) == SCALE_NODES
+    nodes = [n for name, count in per_pool.items() for n in pool(name, count, 8, prefix="scale-")]
+    create_nodes(cluster, nodes)
+    created = time.monotonic() - t0
+    selector = "rljob.io/e2e-pool in (scale-rollout,scale-trainer,scale-reward)"
+    wait_ready(cluster, selector, SCALE_NODES, timeout=180)
+    print(f"{SCALE_NODES} kwok GPU nodes: applied in {created:.1f}s, all Ready after {time.monotonic() - t0:.1f}s")
+    sample = cluster.get("node", "scale-reward-199", "")
+    assert sample is not None and sample["status"]["allocatable"].get("nvidia.com/gpu") == "8", sample
+
+
+def play_kubelet_until_running(cluster: Cluster, ns: str, seen: FirstSeen, deadline: float) -> None:
+    """Play the kubelet of the head and driver pods until every RLJob of `ns` is Running; fail naming
+    the jobs that are not after `deadline` (time.monotonic())."""
+    kubeleted: set[str] = set()
+    running: list[str] = []
+    while True:
+        # Play the kubelet of the head and driver pods that appeared since the last round.
+        system = [
+            p
+            for p in cluster.objects("pods", ns, "rljob.io/component in (head,driver)")
+            if p["metadata"]["name"] not in kubeleted and p["status"].get("phase") == "Pending"
+        ]
+        with ThreadPoolExecutor(4) as pool_:
+            list(pool_.map(lambda p: _kubelet_pod(cluster, ns, p), system))
+        kubeleted.update(p["metadata"]["name"] for p in system)
+        jobs = cluster.objects("rljobs", ns)
+        running = sorted(j["metadata"]["name"] for j in jobs if (j.get("status") or {}).get("phase") == "Running")
+        if len(running) == SCALE_JOBS:
+            return
+        if time.monotonic() > deadline:
+            phases = {j["metadata"]["name"]: (j.get("status") or {}).get("phase") for j in jobs}
+            stuck = {n: p for n, p in phases.items() if p != "Running"}
+            raise AssertionError(
+                f"{len(running)}/{SCALE_JOBS} jobs Running after 240s; RayClusters {len(seen.raycluster)}; "
+                f"not Running: {stuck}; first of them: {_explain(cluster, ns, sorted(stuck)[0])}"
+            )
+        time.sleep(1.0)
 
 
 def _kubelet_pod(cluster: Cluster, ns: str, pod: dict[str, Any]) -> None:

@@ -6,7 +6,8 @@ stops it at the end; it is skipped, with the reason, when the e2e binaries are n
 ControlService plays the controller, and the tests play the kubelet of the head and driver pods
 (see e2e_cluster.py for why). The operator authenticates as the Helm chart's ServiceAccount with
 the chart's cluster-wide RBAC, so every test also checks that those permissions suffice. Its log
-is kept in pytest's temporary folder (the path is printed).
+is kept in pytest's temporary folder (the path is printed). The fixtures are e2e_fixtures.py's;
+the API server's own checks of RLJobs are test_operator_crd.py's.
 
 RLJOB_TEST_CRD=path installs another CRD file than crds/rljob.io_rljobs.yaml (to try a
 regenerated one before committing it).
@@ -15,33 +16,25 @@ regenerated one before committing it).
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import kubernetes
 import prometheus_client
-import pytest
-import yaml
-from e2e_cluster import (
-    CRD,
-    E2E,
-    REPO,
-    Cluster,
-    FakeControl,
-    OperatorProcess,
-    fake_control,
-    fresh_namespace,
-    install_crd,
-    skip_without_binaries,
-    start_operator,
-    wait_for,
+from e2e_cluster import Cluster, FakeControl, OperatorProcess, skip_without_binaries, wait_for
+from e2e_jobs import (
+    ARITHMETIC,
+    CHILD_KINDS,
+    all_children,
+    children,
+    condition,
+    phase_is,
+    pools_ready,
+    rljob,
+    run_pods,
+    status_where,
 )
 
 from rljob.v1 import control_service_pb2 as control_pb
@@ -53,208 +46,7 @@ from rljob_operator.metrics import OperatorMetrics
 from rljob_operator.reconciler import Context, parse_job
 
 pytestmark = skip_without_binaries()
-ARITHMETIC = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
-CHILD_KINDS = ("serviceaccount", "role", "rolebinding", "configmap", "service", "raycluster", "job")
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("e2e-state"))
-    try:
-        c.start()
-        pools = ["--pool", "cpu:3:0"]
-        subprocess.run(
-            [sys.executable, str(E2E / "nodes.py"), "apply", str(E2E / "pools.example.yaml"), *pools],
-            env=c.env,
-            check=True,
-            capture_output=True,
-        )
-        yield c
-    finally:
-        c.script("clean")
-
-
-@pytest.fixture(scope="module")
-def crd(cluster: Cluster) -> str:
-    return install_crd(cluster, os.environ.get("RLJOB_TEST_CRD", str(CRD)))
-
-
-@pytest.fixture(scope="module")
-def control() -> Iterator[tuple[FakeControl, int]]:
-    with fake_control() as served:
-        yield served
-
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Cluster, crd: str, control: tuple[FakeControl, int], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    op = start_operator(cluster, control[1], tmp_path_factory.mktemp("operator") / "operator.log")
-    yield op
-    op.stop()
-
-
-@pytest.fixture
-def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
-    with fresh_namespace(cluster, request.node.name, "t") as name:
-        yield name
-
-
-@pytest.fixture
-def fake(control: tuple[FakeControl, int]) -> Iterator[FakeControl]:
-    control[0].status = None
-    yield control[0]
-    control[0].status = None
-
-
-def rljob(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
-    doc = copy.deepcopy(ARITHMETIC)
-    doc["metadata"] = {"name": name, "namespace": namespace, "labels": {"team": "e2e"}}
-    doc["spec"].update(spec)
-    return doc
-
-
-def status_of(cluster: Cluster, name: str, ns: str) -> dict[str, Any]:
-    return (cluster.get("rljob", name, ns) or {}).get("status") or {}
-
-
-def phase_is(cluster: Cluster, name: str, ns: str, *phases: str) -> dict[str, Any] | None:
-    status = status_of(cluster, name, ns)
-    return status if status.get("phase") in phases else None
-
-
-def status_where(
-    cluster: Cluster, name: str, ns: str, predicate: Callable[[dict[str, Any]], bool]
-) -> dict[str, Any] | None:
-    status = status_of(cluster, name, ns)
-    return status if status and predicate(status) else None
-
-
-def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
-    return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
-
-
-def children(cluster: Cluster, name: str, ns: str) -> dict[str, list[dict[str, Any]]]:
-    return {kind: cluster.objects(kind, ns, f"rljob.io/job={name}") for kind in CHILD_KINDS}
-
-
-def all_children(cluster: Cluster, name: str, ns: str) -> dict[str, list[dict[str, Any]]] | None:
-    found = children(cluster, name, ns)
-    return found if all(found.values()) else None
-
-
-def run_pods(cluster: Cluster, name: str, ns: str) -> None:
-    """Head and driver up, as their kubelet would report them."""
-    wait_for("head pod", lambda: cluster.objects("pods", ns, f"rljob.io/job={name},rljob.io/component=head"))
-    cluster.kubelet(ns, f"rljob.io/job={name},rljob.io/component=head", "Running")
-    wait_for("driver pod", lambda: cluster.objects("pods", ns, f"rljob.io/job={name},rljob.io/component=driver"))
-    cluster.kubelet(ns, f"rljob.io/job={name},rljob.io/component=driver", "Running")
-
-
-# ---------------------------------------------------------------- the API server's checks
-
-EXACT_MATCH = ARITHMETIC["spec"]["reward"]["functions"][0]
-JUDGE: dict[str, Any] = {
-    "name": "judge",
-    "kind": "genrm",
-    "genrm": {"modelPath": "/models/judge", "promptTemplate": "Is {completion} right for {prompt}? Answer 0-1:"},
-}
-
-
-def test_crd_installs(cluster: Cluster, crd: str) -> None:
-    got = cluster.get("crd", "rljobs.rljob.io", "default")
-    assert got is not None
-    assert any(c["type"] == "Established" and c["status"] == "True" for c in got["status"]["conditions"])
-    columns = [c["name"] for c in got["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert columns[:4] == ["Phase", "Step", "Version", "Reward"], columns
-
-
-@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
-def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str) -> None:
-    doc = yaml.safe_load((REPO / "examples" / example).read_text())
-    doc["metadata"]["namespace"] = ns
-    out = cluster.apply(doc, "--dry-run=server", check=False)
-    assert out.returncode == 0, out.stderr
-
-
-@pytest.mark.parametrize(
-    ("change", "field", "words"),
-    [
-        ({"reward": {**ARITHMETIC["spec"]["reward"], "replicas": {"min": 4, "max": 2}}}, "spec.reward.replicas", "min"),
-        ({"rollout": {**ARITHMETIC["spec"]["rollout"], "replicaz": 2}}, "spec.rollout.replicaz", "not declared"),
-        ({"rollout": {**ARITHMETIC["spec"]["rollout"], "engine": "vllm"}}, "spec.rollout", "gpusPerReplica"),
-        ({"algorithm": {**ARITHMETIC["spec"]["algorithm"], "miniBatches": 3}}, "spec.algorithm", "miniBatches"),
-        ({"reward": {**ARITHMETIC["spec"]["reward"], "dispatch": "later"}}, "spec.reward.dispatch", "later"),
-        (
-            {"reward": {**ARITHMETIC["spec"]["reward"], "functions": [{**EXACT_MATCH, "judgeOnly": True}]}},
-            "spec.reward.functions[0]",
-            "judgeOnly is only for disrm and genrm",
-        ),
-        (
-            {"reward": {**ARITHMETIC["spec"]["reward"], "functions": [{**JUDGE, "judgeOnly": True}]}},
-            "spec.reward",
-            "at least one must score the samples",
-        ),
-        (
-            {"rollout": {**ARITHMETIC["spec"]["rollout"], "sampling": {"temperature": 0}}},
-            "spec.rollout.sampling.temperature",
-            "greater than 0",
-        ),
-        (
-            {"reward": {**ARITHMETIC["spec"]["reward"], "onError": "fail", "waitTimeoutSeconds": 30}},
-            "spec.reward",
-            "waitTimeoutSeconds applies only with onError: wait",
-        ),
-    ],
-    ids=[
-        "reward-min-gt-max",
-        "unknown-field",
-        "engine-needs-gpus",
-        "mini-batches",
-        "unknown-dispatch",
-        "judge-only-rule",
-        "only-judges",
-        "greedy-rollout",
-        "wait-timeout-without-wait",
-    ],
-)
-def test_bad_specs_are_refused_naming_the_field(
-    cluster: Cluster, crd: str, ns: str, change: dict[str, Any], field: str, words: str
-) -> None:
-    out = cluster.apply(rljob("bad", ns, **change), check=False)
-    assert out.returncode != 0, "the API server accepted a spec it must refuse"
-    assert field in out.stderr and words in out.stderr, out.stderr
-
-
-def test_a_greedy_judge_only_genrm_is_accepted(cluster: Cluster, crd: str, ns: str) -> None:
-    judge = {**JUDGE, "judgeOnly": True, "genrm": {**JUDGE["genrm"], "sampling": {"temperature": 0}}}
-    functions = [{**EXACT_MATCH, "rule": {"function": "my_rewards:judged"}}, judge]
-    doc = rljob("greedy", ns, reward={**ARITHMETIC["spec"]["reward"], "functions": functions})
-    out = cluster.apply(doc, "--dry-run=server", "-o", "json", check=False)
-    assert out.returncode == 0, out.stderr
-    stored = json.loads(out.stdout)["spec"]["reward"]["functions"]
-    assert [f.get("judgeOnly") for f in stored] == [False, True], "the API server fills in judgeOnly's default"
-    assert stored[1]["genrm"]["sampling"]["temperature"] == 0
-
-
-def test_a_wait_timeout_with_on_error_wait_is_accepted(cluster: Cluster, crd: str, ns: str) -> None:
-    reward = {**ARITHMETIC["spec"]["reward"], "onError": "wait", "waitTimeoutSeconds": 600}
-    out = cluster.apply(rljob("patient", ns, reward=reward), "--dry-run=server", "-o", "json", check=False)
-    assert out.returncode == 0, out.stderr
-    assert json.loads(out.stdout)["spec"]["reward"]["waitTimeoutSeconds"] == 600
-
-
-def test_immutable_fields_are_refused_on_update(cluster: Cluster, crd: str, ns: str) -> None:
-    cluster.apply(rljob("frozen", ns, suspend=True))
-    algorithm = {**ARITHMETIC["spec"]["algorithm"], "learningRate": 0.5}
-    out = cluster.apply(rljob("frozen", ns, suspend=True, algorithm=algorithm), check=False)
-    assert out.returncode != 0 and "spec.algorithm" in out.stderr and "immutable" in out.stderr, out.stderr
-    # Safe changes apply to an existing job: reward bounds and suspend.
-    reward = {**ARITHMETIC["spec"]["reward"], "replicas": {"min": 1, "max": 3}}
-    cluster.apply(rljob("frozen", ns, suspend=False, reward=reward))
-
-
-# ---------------------------------------------------------------- the operator
+pytest_plugins = ["e2e_fixtures"]
 
 
 def test_children_appear_owned_and_labelled(cluster: Cluster, operator: OperatorProcess, ns: str) -> None:
@@ -288,7 +80,7 @@ def test_children_appear_owned_and_labelled(cluster: Cluster, operator: Operator
 
 def test_status_events_and_progress(cluster: Cluster, operator: OperatorProcess, fake: FakeControl, ns: str) -> None:
     cluster.apply(rljob("progress", ns))
-    status = wait_for("pools ready", lambda: _pools_ready(cluster, "progress", ns))
+    status = wait_for("pools ready", lambda: pools_ready(cluster, "progress", ns))
     assert status["phase"] == "Provisioning"  # head and driver are not up yet
     assert status["observedGeneration"] == 1
     run_pods(cluster, "progress", ns)
@@ -312,13 +104,6 @@ def test_status_events_and_progress(cluster: Cluster, operator: OperatorProcess,
     reasons = [e["reason"] for e in cluster.events(ns, "progress")]
     for reason in ("Provisioning", "Running", "Succeeded", "PoolsReleased"):
         assert reason in reasons, reasons
-
-
-def _pools_ready(cluster: Cluster, name: str, ns: str) -> dict[str, Any] | None:
-    status = status_of(cluster, name, ns)
-    pools = status.get("pools") or {}
-    ok = pools and all(p.get("ready", 0) >= p.get("desired", 1) > 0 for p in pools.values())
-    return status if ok else None
 
 
 def test_insufficient_gpus_is_degraded(cluster: Cluster, operator: OperatorProcess, ns: str) -> None:
@@ -348,7 +133,7 @@ def test_insufficient_gpus_is_degraded(cluster: Cluster, operator: OperatorProce
 
 def test_suspend_and_resume(cluster: Cluster, operator: OperatorProcess, ns: str) -> None:
     cluster.apply(rljob("pause", ns))
-    wait_for("pools ready", lambda: _pools_ready(cluster, "pause", ns))
+    wait_for("pools ready", lambda: pools_ready(cluster, "pause", ns))
     cluster.kubectl("patch", "rljob", "pause", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
     wait_for("phase Suspended", lambda: phase_is(cluster, "pause", ns, "Suspended"))
     wait_for("pools torn down", lambda: cluster.get("raycluster", "pause-ray", ns) is None)
@@ -358,7 +143,7 @@ def test_suspend_and_resume(cluster: Cluster, operator: OperatorProcess, ns: str
     cluster.kubectl("patch", "rljob", "pause", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":false}}')
     wait_for("RayCluster re-created", lambda: cluster.get("raycluster", "pause-ray", ns))
     wait_for("driver re-created", lambda: cluster.get("job", "pause-driver", ns))
-    wait_for("pools ready again", lambda: _pools_ready(cluster, "pause", ns))
+    wait_for("pools ready again", lambda: pools_ready(cluster, "pause", ns))
     assert "Suspended" in [e["reason"] for e in cluster.events(ns, "pause")]
 
 
@@ -367,7 +152,7 @@ def test_reward_group_follows_the_controller(
 ) -> None:
     reward = {**ARITHMETIC["spec"]["reward"], "replicas": {"min": 1, "max": 4}}
     cluster.apply(rljob("elastic", ns, reward=reward))
-    wait_for("pools ready", lambda: _pools_ready(cluster, "elastic", ns))
+    wait_for("pools ready", lambda: pools_ready(cluster, "elastic", ns))
     run_pods(cluster, "elastic", ns)
     selector = "rljob.io/job=elastic,rljob.io/pool=reward"
 
@@ -479,7 +264,7 @@ def test_operator_restart_mid_reconcile_creates_no_duplicates(
         counts = {kind: len(objs) for kind, objs in found.items()}
         assert counts == {k: 3 if k == "service" else 1 for k in CHILD_KINDS}, (n, counts)
     for n in names:
-        wait_for(f"{n} pools ready", lambda n=n: _pools_ready(cluster, n, ns))
+        wait_for(f"{n} pools ready", lambda n=n: pools_ready(cluster, n, ns))
         pods = cluster.objects("pods", ns, f"rljob.io/job={n}")
         pools = [p["metadata"]["labels"].get("rljob.io/pool") for p in pods]
         assert sorted(p for p in pools if p) == ["reward", "rollout", "trainer"], (n, pools)

@@ -1,0 +1,64 @@
+"""RLJobs of the operator's e2e modules, and what they read back: status, conditions, children."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+import yaml
+from e2e_cluster import REPO, Cluster, wait_for
+
+ARITHMETIC = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
+CHILD_KINDS = ("serviceaccount", "role", "rolebinding", "configmap", "service", "raycluster", "job")
+
+
+def rljob(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(ARITHMETIC)
+    doc["metadata"] = {"name": name, "namespace": namespace, "labels": {"team": "e2e"}}
+    doc["spec"].update(spec)
+    return doc
+
+
+def status_of(cluster: Cluster, name: str, ns: str) -> dict[str, Any]:
+    return (cluster.get("rljob", name, ns) or {}).get("status") or {}
+
+
+def phase_is(cluster: Cluster, name: str, ns: str, *phases: str) -> dict[str, Any] | None:
+    status = status_of(cluster, name, ns)
+    return status if status.get("phase") in phases else None
+
+
+def status_where(
+    cluster: Cluster, name: str, ns: str, predicate: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any] | None:
+    status = status_of(cluster, name, ns)
+    return status if status and predicate(status) else None
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
+
+
+def children(cluster: Cluster, name: str, ns: str) -> dict[str, list[dict[str, Any]]]:
+    return {kind: cluster.objects(kind, ns, f"rljob.io/job={name}") for kind in CHILD_KINDS}
+
+
+def all_children(cluster: Cluster, name: str, ns: str) -> dict[str, list[dict[str, Any]]] | None:
+    found = children(cluster, name, ns)
+    return found if all(found.values()) else None
+
+
+def pools_ready(cluster: Cluster, name: str, ns: str) -> dict[str, Any] | None:
+    status = status_of(cluster, name, ns)
+    pools = status.get("pools") or {}
+    ok = pools and all(p.get("ready", 0) >= p.get("desired", 1) > 0 for p in pools.values())
+    return status if ok else None
+
+
+def run_pods(cluster: Cluster, name: str, ns: str) -> None:
+    """Head and driver up, as their kubelet would report them."""
+    wait_for("head pod", lambda: cluster.objects("pods", ns, f"rljob.io/job={name},rljob.io/component=head"))
+    cluster.kubelet(ns, f"rljob.io/job={name},rljob.io/component=head", "Running")
+    wait_for("driver pod", lambda: cluster.objects("pods", ns, f"rljob.io/job={name},rljob.io/component=driver"))
+    cluster.kubelet(ns, f"rljob.io/job={name},rljob.io/component=driver", "Running")

@@ -1,0 +1,121 @@
+"""The API server's checks of RLJobs: the CRD's schema, defaults and validation rules, against a real
+kube-apiserver (no operator runs here).
+
+The module starts its own control plane with e2e/cluster.sh (in a temporary state folder) and stops
+it at the end; it is skipped, with the reason, when the e2e binaries are not built (`e2e/build.sh`).
+The fixtures are e2e_fixtures.py's; RLJOB_TEST_CRD=path installs another CRD file than
+crds/rljob.io_rljobs.yaml (to try a regenerated one before committing it).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+from e2e_cluster import REPO, Cluster, skip_without_binaries
+from e2e_jobs import ARITHMETIC, rljob
+
+pytestmark = skip_without_binaries()
+pytest_plugins = ["e2e_fixtures"]
+
+EXACT_MATCH = ARITHMETIC["spec"]["reward"]["functions"][0]
+JUDGE: dict[str, Any] = {
+    "name": "judge",
+    "kind": "genrm",
+    "genrm": {"modelPath": "/models/judge", "promptTemplate": "Is {completion} right for {prompt}? Answer 0-1:"},
+}
+
+
+def test_crd_installs(cluster: Cluster, crd: str) -> None:
+    got = cluster.get("crd", "rljobs.rljob.io", "default")
+    assert got is not None
+    assert any(c["type"] == "Established" and c["status"] == "True" for c in got["status"]["conditions"])
+    columns = [c["name"] for c in got["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert columns[:4] == ["Phase", "Step", "Version", "Reward"], columns
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
+def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str) -> None:
+    doc = yaml.safe_load((REPO / "examples" / example).read_text())
+    doc["metadata"]["namespace"] = ns
+    out = cluster.apply(doc, "--dry-run=server", check=False)
+    assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"reward": {**ARITHMETIC["spec"]["reward"], "replicas": {"min": 4, "max": 2}}}, "spec.reward.replicas", "min"),
+        ({"rollout": {**ARITHMETIC["spec"]["rollout"], "replicaz": 2}}, "spec.rollout.replicaz", "not declared"),
+        ({"rollout": {**ARITHMETIC["spec"]["rollout"], "engine": "vllm"}}, "spec.rollout", "gpusPerReplica"),
+        ({"algorithm": {**ARITHMETIC["spec"]["algorithm"], "miniBatches": 3}}, "spec.algorithm", "miniBatches"),
+        ({"reward": {**ARITHMETIC["spec"]["reward"], "dispatch": "later"}}, "spec.reward.dispatch", "later"),
+        (
+            {"reward": {**ARITHMETIC["spec"]["reward"], "functions": [{**EXACT_MATCH, "judgeOnly": True}]}},
+            "spec.reward.functions[0]",
+            "judgeOnly is only for disrm and genrm",
+        ),
+        (
+            {"reward": {**ARITHMETIC["spec"]["reward"], "functions": [{**JUDGE, "judgeOnly": True}]}},
+            "spec.reward",
+            "at least one must score the samples",
+        ),
+        (
+            {"rollout": {**ARITHMETIC["spec"]["rollout"], "sampling": {"temperature": 0}}},
+            "spec.rollout.sampling.temperature",
+            "greater than 0",
+        ),
+        (
+            {"reward": {**ARITHMETIC["spec"]["reward"], "onError": "fail", "waitTimeoutSeconds": 30}},
+            "spec.reward",
+            "waitTimeoutSeconds applies only with onError: wait",
+        ),
+    ],
+    ids=[
+        "reward-min-gt-max",
+        "unknown-field",
+        "engine-needs-gpus",
+        "mini-batches",
+        "unknown-dispatch",
+        "judge-only-rule",
+        "only-judges",
+        "greedy-rollout",
+        "wait-timeout-without-wait",
+    ],
+)
+def test_bad_specs_are_refused_naming_the_field(
+    cluster: Cluster, crd: str, ns: str, change: dict[str, Any], field: str, words: str
+) -> None:
+    out = cluster.apply(rljob("bad", ns, **change), check=False)
+    assert out.returncode != 0, "the API server accepted a spec it must refuse"
+    assert field in out.stderr and words in out.stderr, out.stderr
+
+
+def test_a_greedy_judge_only_genrm_is_accepted(cluster: Cluster, crd: str, ns: str) -> None:
+    judge = {**JUDGE, "judgeOnly": True, "genrm": {**JUDGE["genrm"], "sampling": {"temperature": 0}}}
+    functions = [{**EXACT_MATCH, "rule": {"function": "my_rewards:judged"}}, judge]
+    doc = rljob("greedy", ns, reward={**ARITHMETIC["spec"]["reward"], "functions": functions})
+    out = cluster.apply(doc, "--dry-run=server", "-o", "json", check=False)
+    assert out.returncode == 0, out.stderr
+    stored = json.loads(out.stdout)["spec"]["reward"]["functions"]
+    assert [f.get("judgeOnly") for f in stored] == [False, True], "the API server fills in judgeOnly's default"
+    assert stored[1]["genrm"]["sampling"]["temperature"] == 0
+
+
+def test_a_wait_timeout_with_on_error_wait_is_accepted(cluster: Cluster, crd: str, ns: str) -> None:
+    reward = {**ARITHMETIC["spec"]["reward"], "onError": "wait", "waitTimeoutSeconds": 600}
+    out = cluster.apply(rljob("patient", ns, reward=reward), "--dry-run=server", "-o", "json", check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["spec"]["reward"]["waitTimeoutSeconds"] == 600
+
+
+def test_immutable_fields_are_refused_on_update(cluster: Cluster, crd: str, ns: str) -> None:
+    cluster.apply(rljob("frozen", ns, suspend=True))
+    algorithm = {**ARITHMETIC["spec"]["algorithm"], "learningRate": 0.5}
+    out = cluster.apply(rljob("frozen", ns, suspend=True, algorithm=algorithm), check=False)
+    assert out.returncode != 0 and "spec.algorithm" in out.stderr and "immutable" in out.stderr, out.stderr
+    # Safe changes apply to an existing job: reward bounds and suspend.
+    reward = {**ARITHMETIC["spec"]["reward"], "replicas": {"min": 1, "max": 3}}
+    cluster.apply(rljob("frozen", ns, suspend=False, reward=reward))
