@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import signal
 from collections.abc import AsyncIterator
 from importlib import metadata
@@ -25,7 +24,7 @@ import grpc
 
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_api.workercfg import RewardWorkerConfig
-from rljob_workers.common.grpc_server import RunningServer, Service, start_server
+from rljob_workers.common.grpc_server import RunningServer, Service, UndecodableRequest, start_server
 from rljob_workers.reward.functions import (
     INVALID,
     TRANSIENT,
@@ -64,19 +63,31 @@ class _ScoreStream:
         self.servicer = servicer
         self.in_flight: dict[str, asyncio.Task[None]] = {}
         self.answers: asyncio.Queue[sample_pb2.SampleScore | None] = asyncio.Queue()
+        self.undecodable = ""  # why the stream ends with INVALID_ARGUMENT once its answers are sent
 
     async def read(self, requests: AsyncIterator[reward_service_pb2.ScoreRequest]) -> None:
-        """Accept samples until the client half-closes, then wait for the in-flight ones."""
+        """Accept samples until the client half-closes (or sends a message that does not decode),
+        then wait for the in-flight ones: every sample accepted is answered."""
+        received = 0
         try:
             async for request in requests:
+                received += 1
                 self.accept(request.sample)
+        except UndecodableRequest as exc:
+            self.undecodable = (
+                f"message {received + 1} on this stream does not decode; the ones before it are answered: {exc}"
+            )
+            await self.finish()
         except Exception:  # the client broke the stream: nobody is left to answer
             self.cancel()
         else:
-            # Reading is over, so no task is added while these are awaited.
-            await asyncio.gather(*self.in_flight.values(), return_exceptions=True)
+            await self.finish()
         finally:
             self.answers.put_nowait(None)
+
+    async def finish(self) -> None:
+        # Reading is over, so no task is added while these are awaited.
+        await asyncio.gather(*self.in_flight.values(), return_exceptions=True)
 
     def accept(self, sample: sample_pb2.RewardSample) -> None:
         refusal = self.servicer.refusal(sample, self.in_flight)
@@ -180,6 +191,8 @@ class RewardServicer(reward_service_pb2_grpc.RewardServiceServicer):
         try:
             while (score := await stream.answers.get()) is not None:
                 yield reward_service_pb2.ScoreResponse(score=score)
+            if stream.undecodable:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, stream.undecodable)
         finally:
             # The client went away or the server stops: nobody is left to receive these answers.
             reader.cancel()
@@ -217,14 +230,14 @@ class RewardServicer(reward_service_pb2_grpc.RewardServiceServicer):
     async def Info(
         self, request: reward_service_pb2.InfoRequest, context: grpc.aio.ServicerContext
     ) -> reward_service_pb2.InfoResponse:
-        # Rule functions declare no bounds, so the range is unbounded; finiteness is still enforced.
+        # Rule functions declare no bounds: both 0 is the contract's "no range"; finiteness is still enforced.
         return reward_service_pb2.InfoResponse(
             name=self.name,
             version=self.version,
             max_batch_size=self.max_batch_size,
             max_in_flight=self.max_in_flight,
-            min_score=-math.inf,
-            max_score=math.inf,
+            min_score=0.0,
+            max_score=0.0,
             functions=self.functions.names,
         )
 

@@ -261,6 +261,7 @@ def _add_to_server(servicer: WeightServicer, server: grpc.aio.Server) -> None:
         ),
     }
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)  # type: ignore[attr-defined]  # as generated code does
 
 
 def _serialized(message: bytes | wpb.FetchWeightsResponse) -> bytes:

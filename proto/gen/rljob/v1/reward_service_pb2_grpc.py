@@ -35,6 +35,9 @@ class RewardServiceStub:
     never a made-up score;
     - a malformed sample (empty sample_id, duplicate id in flight) is answered with an
     INVALID error for that sample, or INVALID_ARGUMENT for the whole call of ScoreBatch;
+    - a message that does not decode (bad UTF-8 in a string field) has no sample_id to answer:
+    the Score stream answers every sample received before it, then ends with
+    INVALID_ARGUMENT naming the message's position; ScoreBatch answers INVALID_ARGUMENT;
     - a sample the service declines without scoring it is answered on the Score stream with
     a TRANSIENT error whose `refusal` says why: REFUSAL_REASON_RESOURCE_EXHAUSTED when Info's
     max_in_flight samples are already in flight on the stream, REFUSAL_REASON_DRAINING
@@ -79,6 +82,9 @@ class RewardServiceServicer:
     never a made-up score;
     - a malformed sample (empty sample_id, duplicate id in flight) is answered with an
     INVALID error for that sample, or INVALID_ARGUMENT for the whole call of ScoreBatch;
+    - a message that does not decode (bad UTF-8 in a string field) has no sample_id to answer:
+    the Score stream answers every sample received before it, then ends with
+    INVALID_ARGUMENT naming the message's position; ScoreBatch answers INVALID_ARGUMENT;
     - a sample the service declines without scoring it is answered on the Score stream with
     a TRANSIENT error whose `refusal` says why: REFUSAL_REASON_RESOURCE_EXHAUSTED when Info's
     max_in_flight samples are already in flight on the stream, REFUSAL_REASON_DRAINING
@@ -147,6 +153,9 @@ class RewardService:
     never a made-up score;
     - a malformed sample (empty sample_id, duplicate id in flight) is answered with an
     INVALID error for that sample, or INVALID_ARGUMENT for the whole call of ScoreBatch;
+    - a message that does not decode (bad UTF-8 in a string field) has no sample_id to answer:
+    the Score stream answers every sample received before it, then ends with
+    INVALID_ARGUMENT naming the message's position; ScoreBatch answers INVALID_ARGUMENT;
     - a sample the service declines without scoring it is answered on the Score stream with
     a TRANSIENT error whose `refusal` says why: REFUSAL_REASON_RESOURCE_EXHAUSTED when Info's
     max_in_flight samples are already in flight on the stream, REFUSAL_REASON_DRAINING
