@@ -12,6 +12,19 @@ REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
 
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random tiny model (EOS likely) and 64 arithmetic prompts: for whole runs that test plumbing, not learning."""
+    from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
+
+    from tiny_models import char_llama
+
+    root = tmp_path_factory.mktemp("assets")
+    char_llama(root / "model", eos_bias=3.0)
+    write_jsonl(root / "train.jsonl", make_problems(64, seed=1))
+    return root
+
+
 @pytest.fixture
 def example_doc() -> dict:
     """The shipped example as a plain document, for tests to break."""

@@ -24,20 +24,10 @@ from rljob_api import parse_rljob
 from rljob_workers.driver.controller.report import StepReport
 from rljob_workers.driver.local_run import LocalRun
 from rljob_workers.driver.setup import prepare
-from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
 from conftest import REPO
-from tiny_models import char_llama
 
 pytestmark = pytest.mark.ray
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("assets")
-    char_llama(root / "model", eos_bias=3.0)
-    write_jsonl(root / "train.jsonl", make_problems(64, seed=1))
-    return root
 
 
 def job_doc(assets: Path, work: Path, **algorithm: Any) -> dict[str, Any]:

@@ -36,6 +36,7 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "empty-model").mkdir()
     (root / "broken_reward.py").write_text("import no_such_module_anywhere\n")
     (root / "narrow_reward.py").write_text("def score(prompt, completion):\n    return 0.0\n")
+    (root / "sample_reward.py").write_text("def score(prompt, completion, answer, sample):\n    return 0.0\n")
     return root
 
 
@@ -142,8 +143,10 @@ def test_validate_deep_runs_the_same_checks(assets, tmp_path, case):
     _assert_one_line(done, seconds, expected, rc=1)
 
 
-def test_validate_deep_passes_a_good_job(assets, tmp_path):
-    done, _ = _run("validate", "--deep", str(_job(assets, tmp_path, lambda s: None)), cwd=assets)
+@pytest.mark.parametrize("rule", [None, "sample_reward:score"], ids=["example", "rule taking the sample"])
+def test_validate_deep_passes_a_good_job(assets, tmp_path, rule):
+    job = _job(assets, tmp_path, _rule(rule) if rule else lambda s: None)
+    done, _ = _run("validate", "--deep", str(job), cwd=assets)
     assert done.returncode == 0 and "check out" in done.stdout, done.stderr
 
 

@@ -21,23 +21,12 @@ from typing import Any
 import pytest
 import yaml
 
-from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
-
 from conftest import REPO
-from tiny_models import char_llama
 
 pytestmark = pytest.mark.ray
 
 RLJOB = str(Path(sys.executable).parent / "rljob")
 SAMPLES_PER_STEP = 4 * 4  # promptsPerStep x groupSize below
-
-
-@pytest.fixture(scope="module")
-def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("stop-assets")
-    char_llama(root / "model", eos_bias=3.0)
-    write_jsonl(root / "train.jsonl", make_problems(64, seed=1))
-    return root
 
 
 def _job_file(assets: Path, work: Path, total_steps: int) -> Path:

@@ -61,3 +61,12 @@ class Placement(Model):
     )
     resources: Resources = Field(default_factory=Resources, description="Extra resource requests and limits.")
     cpus: float = Field(1.0, description="CPU cores each replica needs (also its Ray CPU resource).", gt=0)
+    max_restarts: int = Field(
+        3,
+        description=(
+            "How many times a replica of this pool (a trainer rank: the trainer group) that dies is replaced in one "
+            "run; past that the run fails, naming the replica and the checkpoint to resume from."
+        ),
+        ge=0,
+        le=1000,
+    )

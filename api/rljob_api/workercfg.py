@@ -92,6 +92,7 @@ class ControllerConfig(Model):
     reward_dispatch: RewardDispatch
     weight_sync: WeightSyncSpec
     checkpoint: CheckpointSpec
+    max_restarts: dict[Pool, int]  # per pool: replicas replaced in one run before it fails
 
 
 class WorkerConfigs(Model):
@@ -154,5 +155,10 @@ def derive_worker_configs(job: RLJob) -> WorkerConfigs:
             reward_dispatch=spec.reward.dispatch,
             weight_sync=spec.weight_sync,
             checkpoint=spec.checkpoint,
+            max_restarts={
+                "rollout": spec.rollout.max_restarts,
+                "reward": spec.reward.max_restarts,
+                "trainer": spec.trainer.max_restarts,
+            },
         ),
     )

@@ -200,3 +200,7 @@ class TrainerActor:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def pod_name(self) -> str:
+        """The pod this rank runs in ('' locally); what the supervisor pings."""
+        return os.environ.get("POD_NAME", "")

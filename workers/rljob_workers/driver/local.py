@@ -13,7 +13,9 @@ from pathlib import Path
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob.v1 import control_service_pb2_grpc as control_grpc
-from rljob_api import RLJobInvalid
+from rljob_api import RLJob, RLJobInvalid
+from rljob_api.workercfg import WorkerConfigs
+from rljob_workers.driver.rundir import lock_run_folders
 from rljob_workers.driver.setup import SetupError, load_job_file, prepare
 
 log = logging.getLogger("rljob")
@@ -37,24 +39,47 @@ def run_local(args: argparse.Namespace) -> int:
     output = Path(args.output or Path("rljob-runs") / job.metadata.name).resolve()
     if not args.cluster:
         use_loopback_ray()
-    from rljob_workers.driver.local_run import LocalRun
-
-    run = LocalRun(
-        job,
-        configs,
-        output,
-        resume=args.resume,
-        display=not args.no_display,
-        metrics_port=args.metrics_port,
-        cluster=args.cluster,
-        job_file=args.file,
-        stop_timeout=args.stop_timeout,
-    )
     try:
-        return asyncio.run(run.main())
+        locks = lock_run_folders(output, Path(configs.trainer.checkpoint.dir))  # held across trainer restarts
     except SetupError as exc:
         print(exc, file=sys.stderr)
         return 2
+    try:
+        return _run_with_restarts(args, job, configs, output)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _run_with_restarts(args: argparse.Namespace, job: RLJob, configs: WorkerConfigs, output: Path) -> int:
+    """Run the job; a dead trainer group starts again from the last checkpoint, spec.trainer.maxRestarts times."""
+    from rljob_workers.driver.local_run import EXIT_TRAINER_LOST, LocalRun
+
+    budget = configs.controller.max_restarts["trainer"]
+    for restart in range(budget + 1):
+        run = LocalRun(
+            job,
+            configs,
+            output,
+            resume=args.resume or restart > 0,
+            display=not args.no_display,
+            metrics_port=args.metrics_port,
+            cluster=args.cluster,
+            job_file=args.file,
+            stop_timeout=args.stop_timeout,
+            lock_folders=False,
+        )
+        try:
+            rc = asyncio.run(run.main())
+        except SetupError as exc:
+            print(exc, file=sys.stderr)
+            return 2
+        if rc != EXIT_TRAINER_LOST:
+            return rc
+        if restart < budget:
+            log.warning("restarting the trainer group from the last checkpoint (%d of %d)", restart + 1, budget)
+    print(f"the trainer group died more than spec.trainer.maxRestarts ({budget}) times; see above", file=sys.stderr)
+    return 1
 
 
 async def fetch_status(address: str) -> control_pb.JobStatus:

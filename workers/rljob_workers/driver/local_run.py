@@ -32,9 +32,13 @@ from rljob_workers.driver.reward_router import RewardRouter
 from rljob_workers.driver.rundir import cut_metrics_after, lock_run_folders
 from rljob_workers.driver.setup import SetupError
 from rljob_workers.driver.stopping import SignalStop
+from rljob_workers.driver.supervisor import PoolSupervisor, TrainerWatch, supervise
 from rljob_workers.trainer import checkpoint
 
 log = logging.getLogger("rljob")
+
+# A trainer rank died: the run ends here and `rljob run` starts it again from the last checkpoint.
+EXIT_TRAINER_LOST = 75
 
 
 class LocalRun:
@@ -53,10 +57,14 @@ class LocalRun:
         cluster: bool = False,
         job_file: Path | None = None,
         stop_timeout: float = 60.0,
+        lock_folders: bool = True,
     ) -> None:
         self.cluster = cluster
         self.job_file = job_file
+        self.lock_folders = lock_folders  # False: the caller holds them (across trainer restarts)
         self.signals = SignalStop(stop_timeout)
+        self.supervisors: list[PoolSupervisor] = []
+        self.trainer_watch = TrainerWatch([])
         # On a cluster the operator and dashboards reach the controller from other pods.
         self.serve_host = "0.0.0.0" if cluster else "127.0.0.1"
         self.job, self.configs, self.output = job, configs, output
@@ -126,7 +134,8 @@ class LocalRun:
     # ---- run -----------------------------------------------------------------------------
     async def main(self) -> int:
         c = self.configs
-        locks = lock_run_folders(self.output, Path(c.trainer.checkpoint.dir))  # before anything is read or written
+        # Before anything is read or written.
+        locks = lock_run_folders(self.output, Path(c.trainer.checkpoint.dir)) if self.lock_folders else []
         try:
             resume_dir = self._resume_dir()
             state = checkpoint.read_state(resume_dir) if resume_dir else {}
@@ -139,8 +148,8 @@ class LocalRun:
             )
             if state:
                 prompts.restore(state["data"])
-                # Steps trained after the checkpoint are trained again: their metrics lines go.
-                cut_metrics_after(self.output / "metrics.jsonl", int(state["step"]))
+            # Steps trained after the checkpoint (every step, with none) are trained again: their lines go.
+            cut_metrics_after(self.output / "metrics.jsonl", int(state.get("step", 0)))
             if self.cluster:
                 ray.init(address="auto", logging_level=logging.WARNING)
             else:
@@ -215,10 +224,43 @@ class LocalRun:
             drain_timeout=c.controller.reward_timeout_seconds,
         )
         self.elastic.desired = len(self.reward.actors)
+        self.trainer_watch = TrainerWatch(trainer.actors)
+        self.supervisors = self._supervisors(self.elastic.lock)
         rc = await self._drive(controller, view, self.elastic)
         self.progress.final(view.snapshot())
         self._summary(rc, view, self.reports)
         return rc
+
+    def _supervisors(self, reward_lock: asyncio.Lock) -> list[PoolSupervisor]:
+        """Who replaces a dead replica of each gRPC pool (see `supervisor`)."""
+        restarts = self.configs.controller.max_restarts
+        rollout = PoolSupervisor(
+            self.rollout,
+            restarts["rollout"],
+            lost=lambda name: name in self.clients.replicas and not self.clients.replicas[name].alive,
+            attach=self._attach_rollout,
+            detach=lambda name, cause: self.clients.remove(name),
+        )
+        reward = PoolSupervisor(
+            self.reward,
+            restarts["reward"],
+            lost=lambda name: not self.router.has_replica(name),
+            attach=self.router.add_replica,
+            detach=self._detach_reward,
+            lock=reward_lock,
+        )
+        return [rollout, reward]
+
+    async def _attach_rollout(self, name: str, address: str) -> None:
+        """A new rollout replica pulls the current weights before the controller may pick it."""
+        replica = self.clients.add(name, address)
+        replica.alive = False
+        assert self.weight_sync is not None
+        await self.weight_sync.catch_up(replica, self.weight_sync.published)
+        replica.alive = True
+
+    async def _detach_reward(self, name: str, cause: str) -> None:
+        self.router.drop_replica(name, cause)
 
     async def _sync_first_weights(self, trainer: RayTrainer, version: int) -> tuple[WeightSync, int]:
         """Publish the trainer's weights as `version` and bring every rollout replica to it."""
@@ -245,7 +287,11 @@ class LocalRun:
     async def _drive(self, controller: Controller, view: RunView, elastic: ElasticRewardPool) -> int:
         """Run the controller to its end beside the display tick and elastic scaling; the exit code."""
         with self.progress:
-            background = [asyncio.create_task(self._tick(view)), asyncio.create_task(elastic.run())]
+            background = [
+                asyncio.create_task(self._tick(view)),
+                asyncio.create_task(elastic.run()),
+                asyncio.create_task(supervise(self.supervisors, self.trainer_watch, controller.fail)),
+            ]
             try:
                 await controller.run()
                 if self.signals.signal is not None:
@@ -253,8 +299,10 @@ class LocalRun:
                     return self.signals.exit_code
                 view.phase = control_pb.RUN_PHASE_SUCCEEDED
                 return 0
-            except RunFailed as exc:
-                view.phase, view.message = control_pb.RUN_PHASE_FAILED, str(exc)
+            except (RunFailed, ray.exceptions.RayActorError) as exc:
+                view.phase, view.message = control_pb.RUN_PHASE_FAILED, _first_line(exc)
+                if self.trainer_watch.dead or isinstance(exc, ray.exceptions.RayActorError):
+                    return EXIT_TRAINER_LOST  # `rljob run` restarts the trainer group from the last checkpoint
                 return 1
             finally:
                 for task in background:
@@ -301,6 +349,7 @@ class LocalRun:
         except asyncio.CancelledError:
             pass  # a second signal: stop at once
         finally:
+            self.metrics.close()  # its port is free again for a restart in this process
             ray.shutdown()  # ends every pool process Ray started, whatever state it is in
 
     async def _stop_gracefully(self) -> None:
@@ -313,3 +362,8 @@ class LocalRun:
             await self.clients.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.gather(self.rollout.stop_all(), self.reward.stop_all()), 30)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

@@ -60,11 +60,21 @@ class RunMetrics:
             "rljob_samples", "Samples by what happened to them", [*labels, "outcome"], registry=self.registry
         )
         self._seen = Counts()
+        self._server: Any = None
+        self._thread: Any = None
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
-        """Serve /metrics; port 0 picks a free one. Returns the port."""
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
-        return int(server.server_address[1])
+        """Serve /metrics until `close`; port 0 picks a free one. Returns the port."""
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(self._server.server_address[1])
+
+    def close(self) -> None:
+        """Stop serving, so the port is free for the run that follows in this process (a restart)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._thread.join(5)
+            self._server = None
 
     def set_idle(self, fractions: dict[str, float]) -> None:
         for pool, fraction in fractions.items():

@@ -175,6 +175,15 @@ class RewardRouter:
             with contextlib.suppress(asyncio.CancelledError):
                 await replica.reader
 
+    def has_replica(self, name: str) -> bool:
+        return name in self._replicas
+
+    def drop_replica(self, name: str, reason: str) -> None:
+        """Take a replica that died out at once; its outstanding samples go to the others."""
+        replica = self._replicas.get(name)
+        if replica is not None:
+            self._lose(replica, reason)
+
     async def score(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore:
         """The sample's SampleScore (error or not); raises NoReplicaError if no replica takes it in time."""
         sid = sample.sample_id

@@ -22,6 +22,7 @@ from rljob_workers.driver.controller.data import DataError, read_rows
 from rljob_workers.reward.base import RewardConfigError
 from rljob_workers.reward.callables import load_function
 from rljob_workers.reward.functions import RESERVED_ARGS
+from rljob_workers.reward.modelpool import declares
 
 # Engines that are optional extras: named by a job, they must be importable here and in the pools.
 OPTIONAL_ENGINES = {"vllm": "vllm", "sglang": "sglang"}
@@ -125,8 +126,10 @@ def _check_rule(field: str, function: RewardFunction, fields: list[str]) -> None
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # a builtin or C callable: nothing to check before it is called
+    # What the reward pool passes besides the fields: `sample` and `judge` to a rule that declares them.
+    extra = {name: None for name in ("sample", "judge") if declares(fn, name)}
     try:
-        signature.bind(prompt="", completion="", **dict.fromkeys(fields, ""))
+        signature.bind(prompt="", completion="", **dict.fromkeys(fields, ""), **extra)
     except TypeError as exc:
         raise SetupError(
             f"{field}: {ref}{signature} cannot be called with prompt, completion"

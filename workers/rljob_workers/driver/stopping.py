@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+import threading
 from collections.abc import Callable
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -30,16 +31,21 @@ class SignalStop:
     def install(self, request_stop: Callable[[str], bool]) -> None:
         """Handle the signals in this task's loop; `request_stop(name)` starts a graceful stop and
         says whether it could (False: nothing to save yet, so stop at once)."""
-        loop = asyncio.get_running_loop()
         self._task = asyncio.current_task()
         self._request = request_stop
+        if not self._owned():
+            return  # a run driven from another thread (a test, a benchmark): signals belong to the main one
         for sig in SIGNALS:
-            loop.add_signal_handler(sig, self._received, sig)
+            asyncio.get_running_loop().add_signal_handler(sig, self._received, sig)
 
     def uninstall(self) -> None:
-        loop = asyncio.get_running_loop()
-        for sig in SIGNALS:
-            loop.remove_signal_handler(sig)
+        if self._owned():
+            for sig in SIGNALS:
+                asyncio.get_running_loop().remove_signal_handler(sig)
+
+    @staticmethod
+    def _owned() -> bool:
+        return threading.current_thread() is threading.main_thread()
 
     @property
     def exit_code(self) -> int:

@@ -41,6 +41,7 @@ class ElasticRewardPool:
     desired: int = 0
     drained: deque[str] = field(default_factory=lambda: deque(maxlen=32))
     decisions: list[ScalingDecision] = field(default_factory=list)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held while the pool changes (supervision too)
     _last: tuple[float, int] | None = None
 
     def observe(self, now: float) -> ScalingObservation:
@@ -58,6 +59,10 @@ class ElasticRewardPool:
 
     async def step(self, now: float | None = None) -> ScalingDecision:
         """One observe-decide-apply round."""
+        async with self.lock:
+            return await self._step(now)
+
+    async def _step(self, now: float | None) -> ScalingDecision:
         decision = decide(self.state, self.observe(time.monotonic() if now is None else now), self.bounds, self.scaling)
         self.state, self.desired = decision.state, decision.replicas
         self.decisions.append(decision)

@@ -213,7 +213,7 @@ class Controller:
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            self._fail(f"internal error: {task.exception()!r}")
+            self.fail(f"internal error: {task.exception()!r}")
 
     def _request(self, prompt: Prompt, indices: list[int]) -> rollout_pb.GenerateRequest:
         s = self.config.sampling
@@ -241,7 +241,7 @@ class Controller:
             log.warning("%s; regenerating the rest of prompt %s elsewhere", exc, prompt.prompt_id)
             await self._regenerate_missing(prompt)
         except grpc.aio.AioRpcError as exc:
-            self._fail(f"rollout replica {replica.name} refused prompt {prompt.prompt_id}: {exc.details()}")
+            self.fail(f"rollout replica {replica.name} refused prompt {prompt.prompt_id}: {exc.details()}")
         async with self._changed:
             self._changed.notify_all()
 
@@ -339,7 +339,7 @@ class Controller:
             detail = f"sample {sample.sample_id}: reward function {error.function or '?'} failed: {detail}"
         detail += waited_out
         if policy in ("fail", "wait"):
-            self._fail(detail)
+            self.fail(detail)
             return
         log.warning("excluded %s", detail)
         async with self._changed:
@@ -353,7 +353,8 @@ class Controller:
         return len(self._waiting), self._wait_reason if self._waiting else ""
 
     # ---- failure and state ---------------------------------------------------------------
-    def _fail(self, message: str) -> None:
+    def fail(self, message: str) -> None:
+        """End the run with RunFailed(message) at the train loop's next wait; the first failure wins."""
         if self._failure is None:
             self._failure = message
             asyncio.get_running_loop().create_task(self._notify())

@@ -1,0 +1,147 @@
+"""Pool supervision: a replica that dies is found within seconds and replaced.
+
+Every `INTERVAL` seconds each replica of the rollout and reward pools is asked for its pod
+name over Ray (cheap), and the data path's own view is read (a rollout stream or a reward
+stream that broke marks its replica lost at once). A dead replica is taken out of the data
+path (its in-flight work goes elsewhere: the controller regenerates its prompts under the same
+prompt ids, the router re-sends its samples), and a new one is started after a backoff; a new
+rollout replica pulls the current weights before it serves. Each pool may replace
+`spec.<pool>.maxRestarts` replicas in a run; one more death fails the run, naming the pool,
+the replica and the cause. Trainer ranks are pinged the same way: a dead rank fails the step
+in progress, and `rljob run` restarts the trainer group from the last checkpoint (`local`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+
+from rljob_workers.driver.launcher import ActorPool
+
+log = logging.getLogger(__name__)
+
+INTERVAL = 1.0  # seconds between two checks
+PING_TIMEOUT = 10.0  # an actor that does not answer Ray within this is dead
+BACKOFF_BASE, BACKOFF_CAP = 0.5, 30.0  # seconds before the n-th restart: base * 2**(n-1), capped
+
+
+class RestartBudgetSpent(RuntimeError):
+    """A pool lost one replica more than spec.<pool>.maxRestarts allows."""
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One replaced replica: what died, why, and how long finding and replacing it took."""
+
+    pool: str
+    replica: str
+    cause: str
+    replacement: str
+    detected_after: float  # seconds from the previous check that found it alive
+    replaced_in: float  # seconds from detection until the replacement served
+
+
+async def ping(actor: Any) -> str | None:
+    """None if the actor answers; else why not, in a few words."""
+    try:
+        await asyncio.wait_for(actor.pod_name.remote(), PING_TIMEOUT)
+    except asyncio.TimeoutError:
+        return f"no answer within {PING_TIMEOUT:g}s"
+    except ray.exceptions.RayActorError:
+        return "its process died"
+    except Exception as exc:  # any other Ray failure means the same to the pool
+        return f"{type(exc).__name__}"
+    return None
+
+
+@dataclass
+class PoolSupervisor:
+    """Keeps one gRPC pool (rollout or reward) at strength."""
+
+    pool: ActorPool
+    max_restarts: int
+    lost: Callable[[str], bool]  # the data path already lost this replica
+    attach: Callable[[str, str], Awaitable[None]]  # bring a new replica (name, address) into the data path
+    detach: Callable[[str, str], Awaitable[None]]  # take a dead replica (name, cause) out of it
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # shared with whatever else resizes the pool
+    restarts: list[Restart] = field(default_factory=list)
+    _seen_alive: float = field(default_factory=time.monotonic)
+
+    async def check(self) -> None:
+        """One round: replace every replica found dead (raises RestartBudgetSpent past the budget)."""
+        names = list(self.pool.actors)
+        causes = await asyncio.gather(*(self._cause_of_death(name) for name in names))
+        for name, cause in zip(names, causes, strict=True):
+            if cause is not None:
+                await self._replace(name, cause)
+        self._seen_alive = time.monotonic()
+
+    async def _cause_of_death(self, name: str) -> str | None:
+        actor = self.pool.actors.get(name)
+        if actor is None:
+            return None
+        cause = await ping(actor)
+        if cause is None and self.lost(name):
+            cause = "its gRPC stream broke"
+        return cause
+
+    async def _replace(self, name: str, cause: str) -> None:
+        async with self.lock:
+            if name not in self.pool.actors:
+                return  # stopped on purpose meanwhile (elastic scale-down)
+            detected = time.monotonic()
+            self.pool.kill(name)
+            await self.detach(name, cause)
+            used = len(self.restarts)
+            if used >= self.max_restarts:
+                raise RestartBudgetSpent(
+                    f"{self.pool.pool} replica {name} died ({cause}) and spec.{self.pool.pool}.maxRestarts "
+                    f"{self.max_restarts} replacements are used up"
+                )
+            log.warning("%s replica %s died (%s); starting a replacement", self.pool.pool, name, cause)
+            await asyncio.sleep(min(BACKOFF_BASE * 2**used, BACKOFF_CAP))
+            new, address = await self.pool.add()
+            await self.attach(new, address)
+            restart = Restart(
+                self.pool.pool, name, cause, new, detected - self._seen_alive, time.monotonic() - detected
+            )
+            self.restarts.append(restart)
+            log.warning("%s replica %s replaced by %s in %.1fs", self.pool.pool, name, new, restart.replaced_in)
+
+
+@dataclass
+class TrainerWatch:
+    """Pings the trainer ranks; the first dead one is reported once (the run restarts the group)."""
+
+    actors: list[Any]
+    dead: str = ""
+
+    async def check(self) -> str:
+        if not self.dead:
+            causes = await asyncio.gather(*(ping(actor) for actor in self.actors))
+            for rank, cause in enumerate(causes):
+                if cause is not None:
+                    self.dead = f"trainer rank {rank} died ({cause})"
+                    break
+        return self.dead
+
+
+async def supervise(pools: list[PoolSupervisor], trainer: TrainerWatch, fail: Callable[[str], None]) -> None:
+    """Check every pool each INTERVAL until cancelled; a spent budget or a dead trainer fails the run."""
+    while True:
+        await asyncio.sleep(INTERVAL)
+        try:
+            await asyncio.gather(*(p.check() for p in pools))
+        except RestartBudgetSpent as exc:
+            fail(str(exc))
+            return
+        dead = await trainer.check()
+        if dead:
+            fail(dead)
+            return
