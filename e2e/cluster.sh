@@ -106,36 +106,7 @@ write_kwok_config() {
 }
 
 # ---------------------------------------------------------------- commands
-cmd_start() {
-  need_binaries
-  local c t0
-  for c in "${COMPONENTS[@]}"; do
-    if pid_of "${c}" >/dev/null; then
-      die "${c} already runs from ${STATE}: run e2e/cluster.sh stop first"
-    fi
-  done
-  # a real node left from an earlier start holds mounts and host settings: undo them first
-  if [[ -f "${STATE}/${MARKER}" && -d "${STATE}/node" ]]; then bash "${E2E_DIR}/node.sh" stop; fi
-  if [[ -e "${STATE}" ]]; then
-    if [[ -f "${STATE}/${MARKER}" ]]; then
-      rm -rf "${STATE}"
-    elif [[ -n "$(ls -A "${STATE}")" ]]; then
-      die "${STATE} exists, is not empty and is not an e2e state folder; refusing to wipe it"
-    fi
-  fi
-  t0="$(e2e_now)"
-  mkdir -p "${STATE}" "${LOGS}" "${PIDS}" "${STATE}/etcd"
-  touch "${STATE}/${MARKER}"
-  echo "${E2E_BIN}" >"${STATE}/bin"
-  pick_ports
-  make_pki
-  write_kubeconfig "${KUBECONFIG_FILE}" admin
-  write_kubeconfig "${STATE}/controller-manager.kubeconfig" controller-manager
-  write_kubeconfig "${STATE}/scheduler.kubeconfig" scheduler
-  write_kubeconfig "${STATE}/kwok.kubeconfig" kwok
-  write_kubeconfig "${STATE}/kuberay.kubeconfig" kuberay
-  write_kwok_config
-
+start_storage_and_api() { # etcd, then the API server; waits for both
   launch etcd --name=rljob-e2e --data-dir="${STATE}/etcd" \
     --listen-client-urls="http://127.0.0.1:${ETCD_PORT}" \
     --advertise-client-urls="http://127.0.0.1:${ETCD_PORT}" \
@@ -172,7 +143,9 @@ cmd_start() {
     --event-ttl=1h
   wait_for "kube-apiserver /readyz" kube-apiserver kc get --raw /readyz
   alive etcd
+}
 
+start_controllers() { # controller-manager, scheduler, kwok (waited for by cmd_start)
   launch kube-controller-manager \
     --kubeconfig="${STATE}/controller-manager.kubeconfig" \
     --authentication-kubeconfig="${STATE}/controller-manager.kubeconfig" \
@@ -200,7 +173,40 @@ cmd_start() {
     --node-lease-duration-seconds=40 \
     --cidr="${KWOK_POD_CIDR}" --node-ip="${KWOK_NODE_IP}" \
     --server-address="127.0.0.1:${KWOK_PORT}"
+}
 
+cmd_start() {
+  need_binaries
+  local c t0
+  for c in "${COMPONENTS[@]}"; do
+    if pid_of "${c}" >/dev/null; then
+      die "${c} already runs from ${STATE}: run e2e/cluster.sh stop first"
+    fi
+  done
+  # a real node left from an earlier start holds mounts and host settings: undo them first
+  if [[ -f "${STATE}/${MARKER}" && -d "${STATE}/node" ]]; then bash "${E2E_DIR}/node.sh" stop; fi
+  if [[ -e "${STATE}" ]]; then
+    if [[ -f "${STATE}/${MARKER}" ]]; then
+      rm -rf "${STATE}"
+    elif [[ -n "$(ls -A "${STATE}")" ]]; then
+      die "${STATE} exists, is not empty and is not an e2e state folder; refusing to wipe it"
+    fi
+  fi
+  t0="$(e2e_now)"
+  mkdir -p "${STATE}" "${LOGS}" "${PIDS}" "${STATE}/etcd"
+  touch "${STATE}/${MARKER}"
+  echo "${E2E_BIN}" >"${STATE}/bin"
+  pick_ports
+  make_pki
+  write_kubeconfig "${KUBECONFIG_FILE}" admin
+  write_kubeconfig "${STATE}/controller-manager.kubeconfig" controller-manager
+  write_kubeconfig "${STATE}/scheduler.kubeconfig" scheduler
+  write_kubeconfig "${STATE}/kwok.kubeconfig" kwok
+  write_kubeconfig "${STATE}/kuberay.kubeconfig" kuberay
+  write_kwok_config
+
+  start_storage_and_api
+  start_controllers
   wait_for "kube-controller-manager /healthz" kube-controller-manager curl -fsSk "https://127.0.0.1:${KCM_PORT}/healthz"
   wait_for "kube-scheduler /healthz" kube-scheduler curl -fsSk "https://127.0.0.1:${SCHED_PORT}/healthz"
   wait_for "kwok /healthz" kwok curl -fsS "http://127.0.0.1:${KWOK_PORT}/healthz"

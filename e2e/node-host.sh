@@ -91,7 +91,7 @@ teardown_network() {
     "${c}" -w -t mangle -X KUBE-IPTABLES-HINT 2>/dev/null || true # the kubelet's "iptables in use" mark
     while "${c}" -w -D INPUT -j KUBE-FIREWALL 2>/dev/null; do :; done
     while "${c}" -w -D OUTPUT -j KUBE-FIREWALL 2>/dev/null; do :; done
-    "${c}" -w -F KUBE-FIREWALL 2>/dev/null && "${c}" -w -X KUBE-FIREWALL 2>/dev/null || true
+    if "${c}" -w -F KUBE-FIREWALL 2>/dev/null; then "${c}" -w -X KUBE-FIREWALL 2>/dev/null || true; fi
   done
   ip route del blackhole "${CLUSTER_CIDR}" 2>/dev/null || true
   if [[ "$(bridge_owner)" == "${STATE}" ]]; then ip link del "${BRIDGE}"; fi

@@ -241,7 +241,7 @@ node_ready() {
 
 start_runtime() { # containerd with the pause and test images
   # No registry is reachable, and none may be tried: every pull goes to a closed local port.
-  HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 NO_PROXY= \
+  HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 NO_PROXY="" \
     launch_exe containerd "$(command -v containerd)" --config "${CTRD_DIR}/config.toml"
   wait_for "containerd" containerd ctr_ version
   import_images

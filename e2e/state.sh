@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Shared by e2e/cluster.sh and e2e/node.sh: the state folder, the network plan, logging,
 # processes started by pid, ports, certificates and kubeconfigs. Source it after lib.sh.
+# shellcheck disable=SC2034 # the variables are used by the scripts that source this file
 
 STATE="${RLJOB_E2E_STATE:-/tmp/rljob-e2e}"
 PKI="${STATE}/pki"
