@@ -23,13 +23,14 @@ e2e_tool_binaries() {
   case "$1" in
     etcd) echo "etcd=go.etcd.io/etcd/server/v3" ;;
     kube)
-      for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+      for b in kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy; do
         echo "${b}=k8s.io/kubernetes/cmd/${b}"
       done
       ;;
     kwok) echo "kwok=sigs.k8s.io/kwok/cmd/kwok" ;;
     helm) echo "helm=helm.sh/helm/v3/cmd/helm" ;;
     kuberay) echo "kuberay-operator=github.com/ray-project/kuberay/ray-operator" ;;
+    coredns) echo "coredns=rljob.e2e/tools/coredns" ;; # our main.go: CoreDNS with a few plugins
   esac
 }
 
@@ -79,10 +80,12 @@ gen_mod() { # tool
       echo ")"
     } >>"${gomod}"
   fi
+  # A wrapper with its own main package (coredns) keeps its Go files; tidy adds its imports.
+  cp "${E2E_DIR}/tools/${tool}"/*.go "${tmp}/" 2>/dev/null || true
   (
     cd "${tmp}"
     e2e_tool_binaries "${tool}" | while IFS='=' read -r _ pkg; do
-      go get -tool "${pkg}@${ver}"
+      [[ "${pkg}" == rljob.e2e/* ]] || go get -tool "${pkg}@${ver}"
     done
     go mod tidy
   )
@@ -140,6 +143,7 @@ ldflags_for() { # tool dir
       done
       ;;
     kuberay) f+=" -X main._commitId_=${commit:-${ver}}" ;;
+    coredns) [[ -n "${commit}" ]] && f+=" -X github.com/coredns/coredns/coremain.GitCommit=${commit:0:9}" ;;
   esac
   echo "${f}"
 }

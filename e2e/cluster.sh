@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # A local Kubernetes control plane for the e2e suites, on 127.0.0.1 only:
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok (fake nodes/pods),
-# and, on request, the KubeRay operator with its CRDs. No containers, no kubelet.
+# and, on request, the KubeRay operator with its CRDs and one real node (e2e/node.sh).
 #
 #   e2e/cluster.sh start      fresh cluster (wipes the previous state folder), waits for /readyz
 #   e2e/cluster.sh kuberay    install KubeRay's CRDs and run its operator against the cluster
-#   e2e/cluster.sh stop       stop every process this state folder started (state is kept)
+#   e2e/cluster.sh node       join one real node (kubelet, containerd, kube-proxy, CoreDNS;
+#                             needs root): e2e/node.sh start
+#   e2e/cluster.sh stop       stop every process this state folder started (state is kept),
+#                             the real node's included (and undo its host changes)
 #   e2e/cluster.sh clean      stop, then remove the state folder
 #   e2e/cluster.sh status     what runs; exit 0 only if all of it runs and the API is ready
 #   e2e/cluster.sh env        shell exports: eval "$(e2e/cluster.sh env)"
@@ -19,108 +22,14 @@ set -euo pipefail
 
 # shellcheck source=lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-
-STATE="${RLJOB_E2E_STATE:-/tmp/rljob-e2e}"
-PKI="${STATE}/pki"
-LOGS="${STATE}/logs"
-PIDS="${STATE}/pids"
-KUBECONFIG_FILE="${STATE}/kubeconfig"
-TIMEOUT="${RLJOB_E2E_TIMEOUT:-120}"
-MARKER=".rljob-e2e-state"
-COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok kuberay-operator)
-SERVICE_CIDR="10.96.0.0/16"
-
-log() { printf '[cluster %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
-die() {
-  log "ERROR: $*"
-  exit 1
-}
+# shellcheck source=state.sh
+. "$(dirname "${BASH_SOURCE[0]}")/state.sh"
 
 need_binaries() {
   local b
   for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok; do
     [[ -x "${E2E_BIN}/${b}" ]] || die "${E2E_BIN}/${b} missing: run e2e/build.sh first"
   done
-}
-
-kc() { "${E2E_BIN}/kubectl" --kubeconfig "${KUBECONFIG_FILE}" "$@"; }
-
-# ---------------------------------------------------------------- processes
-pid_of() { # component -> pid if it runs and is ours
-  local f="${PIDS}/$1.pid" pid
-  [[ -f "${f}" ]] || return 1
-  pid="$(cat "${f}")"
-  [[ -r "/proc/${pid}/cmdline" ]] || return 1
-  # guard against a reused pid: the process must run the binary we started (from the bin
-  # folder recorded at start, which outlives a later change of the versions hash)
-  local bin="${E2E_BIN}"
-  [[ -f "${STATE}/bin" ]] && bin="$(cat "${STATE}/bin")"
-  tr '\0' ' ' <"/proc/${pid}/cmdline" | grep -qF "${bin}/$1 " || return 1
-  echo "${pid}"
-}
-
-launch() { # component args...
-  local name="$1"
-  shift
-  # setsid: own session, so the component survives this script and ignores its terminal.
-  setsid "${E2E_BIN}/${name}" "$@" >"${LOGS}/${name}.log" 2>&1 </dev/null &
-  echo $! >"${PIDS}/${name}.pid"
-  log "${name} started (pid $!, log ${LOGS}/${name}.log)"
-}
-
-wait_for() { # what component command... (component: the process that must stay alive, or -)
-  local what="$1" comp="$2" t0 deadline
-  shift 2
-  t0="$(e2e_now)"
-  deadline=$((SECONDS + TIMEOUT))
-  until "$@" >/dev/null 2>&1; do
-    [[ "${comp}" == - ]] || alive "${comp}"
-    if ((SECONDS > deadline)); then
-      die "timed out after ${TIMEOUT}s waiting for ${what}"
-    fi
-    sleep 0.5
-  done
-  log "${what}: ok after $(e2e_since "${t0}")"
-}
-
-alive() { pid_of "$1" >/dev/null || die "$1 exited; see ${LOGS}/$1.log: $(tail -n 5 "${LOGS}/$1.log")"; }
-
-stop_all() { # components... : TERM them together, wait up to 10s, then KILL what is left
-  local name pid i pids=() names=()
-  for name in "$@"; do
-    if pid="$(pid_of "${name}")"; then
-      kill -TERM "${pid}" 2>/dev/null || true
-      pids+=("${pid}")
-      names+=("${name}")
-    fi
-    rm -f "${PIDS}/${name}.pid"
-  done
-  for ((i = 0; i < ${#pids[@]}; i++)); do
-    local j
-    for ((j = 0; j < 100; j++)); do
-      [[ -d "/proc/${pids[i]}" ]] || break
-      sleep 0.1
-    done
-    if [[ -d "/proc/${pids[i]}" ]]; then
-      kill -KILL "${pids[i]}" 2>/dev/null || true
-      log "${names[i]} (pid ${pids[i]}) killed"
-    else
-      log "${names[i]} (pid ${pids[i]}) stopped"
-    fi
-  done
-}
-
-# ---------------------------------------------------------------- ports
-free_ports() { # n -> n free TCP ports on 127.0.0.1, all held at once while picking
-  python3 - "$1" <<'PY'
-import socket, sys
-socks = []
-for _ in range(int(sys.argv[1])):
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    socks.append(s)
-print(" ".join(str(s.getsockname()[1]) for s in socks))
-PY
 }
 
 pick_ports() {
@@ -143,26 +52,6 @@ KUBERAY_PORT=${KUBERAY_PORT}
 EOF
 }
 
-load_ports() {
-  [[ -f "${STATE}/ports.env" ]] || die "no cluster state in ${STATE}: run e2e/cluster.sh start"
-  # shellcheck source=/dev/null
-  . "${STATE}/ports.env"
-}
-
-# ---------------------------------------------------------------- certificates
-gen_key() { openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$1" 2>/dev/null; }
-
-sign_cert() { # name subject extensions
-  local name="$1" subj="$2" ext="$3"
-  gen_key "${PKI}/${name}.key"
-  openssl req -new -key "${PKI}/${name}.key" -subj "${subj}" -out "${PKI}/${name}.csr" 2>/dev/null
-  printf '%s\n' "${ext}" >"${PKI}/${name}.ext"
-  openssl x509 -req -in "${PKI}/${name}.csr" -CA "${PKI}/ca.crt" -CAkey "${PKI}/ca.key" \
-    -CAcreateserial -days 365 -sha256 -extfile "${PKI}/${name}.ext" \
-    -out "${PKI}/${name}.crt" 2>/dev/null
-  rm -f "${PKI}/${name}.csr" "${PKI}/${name}.ext"
-}
-
 make_pki() {
   local t0
   t0="$(e2e_now)"
@@ -178,40 +67,19 @@ extendedKeyUsage=clientAuth"
   sign_cert apiserver "/CN=kube-apiserver" "basicConstraints=CA:FALSE
 keyUsage=critical,digitalSignature,keyEncipherment
 extendedKeyUsage=serverAuth
-subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+subjectAltName=IP:127.0.0.1,IP:${SERVICE_API_IP},IP:${NODE_GATEWAY},DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   sign_cert admin "/O=system:masters/CN=rljob-e2e-admin" "${client}"
   sign_cert controller-manager "/CN=system:kube-controller-manager" "${client}"
   sign_cert scheduler "/CN=system:kube-scheduler" "${client}"
   sign_cert kwok "/O=system:masters/CN=kwok" "${client}"
   sign_cert kuberay "/O=system:masters/CN=kuberay-operator" "${client}"
+  # the API server's client certificate towards kubelets (logs, exec, port-forward)
+  sign_cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "${client}"
   # service-account token signing key pair
   gen_key "${PKI}/sa.key"
   openssl pkey -in "${PKI}/sa.key" -pubout -out "${PKI}/sa.pub" 2>/dev/null
   chmod 600 "${PKI}"/*.key
   log "certificates made with openssl in $(e2e_since "${t0}") (${PKI})"
-}
-
-write_kubeconfig() { # file user
-  cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: rljob-e2e
-  cluster:
-    server: https://127.0.0.1:${API_PORT}
-    certificate-authority: ${PKI}/ca.crt
-users:
-- name: $2
-  user:
-    client-certificate: ${PKI}/$2.crt
-    client-key: ${PKI}/$2.key
-contexts:
-- name: rljob-e2e
-  context:
-    cluster: rljob-e2e
-    user: $2
-current-context: rljob-e2e
-EOF
 }
 
 # kwok's built-in stages (copied from the kwok module, as kwokctl uses them): fast node
@@ -238,34 +106,7 @@ write_kwok_config() {
 }
 
 # ---------------------------------------------------------------- commands
-cmd_start() {
-  need_binaries
-  local c t0
-  for c in "${COMPONENTS[@]}"; do
-    if pid_of "${c}" >/dev/null; then
-      die "${c} already runs from ${STATE}: run e2e/cluster.sh stop first"
-    fi
-  done
-  if [[ -e "${STATE}" ]]; then
-    if [[ -f "${STATE}/${MARKER}" ]]; then
-      rm -rf "${STATE}"
-    elif [[ -n "$(ls -A "${STATE}")" ]]; then
-      die "${STATE} exists, is not empty and is not an e2e state folder; refusing to wipe it"
-    fi
-  fi
-  t0="$(e2e_now)"
-  mkdir -p "${STATE}" "${LOGS}" "${PIDS}" "${STATE}/etcd"
-  touch "${STATE}/${MARKER}"
-  echo "${E2E_BIN}" >"${STATE}/bin"
-  pick_ports
-  make_pki
-  write_kubeconfig "${KUBECONFIG_FILE}" admin
-  write_kubeconfig "${STATE}/controller-manager.kubeconfig" controller-manager
-  write_kubeconfig "${STATE}/scheduler.kubeconfig" scheduler
-  write_kubeconfig "${STATE}/kwok.kubeconfig" kwok
-  write_kubeconfig "${STATE}/kuberay.kubeconfig" kuberay
-  write_kwok_config
-
+start_storage_and_api() { # etcd, then the API server; waits for both
   launch etcd --name=rljob-e2e --data-dir="${STATE}/etcd" \
     --listen-client-urls="http://127.0.0.1:${ETCD_PORT}" \
     --advertise-client-urls="http://127.0.0.1:${ETCD_PORT}" \
@@ -280,8 +121,8 @@ cmd_start() {
   # DefaultTolerationSeconds, DefaultStorageClass, ResourceQuota, PodSecurity,
   # MutatingAdmissionWebhook, ValidatingAdmissionPolicy, ValidatingAdmissionWebhook, ...)
   # plus NodeRestriction. CRD validation with CEL (x-kubernetes-validations) is GA, always on.
-  # Endpoint reconciler "none": the default refuses a loopback advertise address, and no
-  # real pod ever needs to reach the "kubernetes" Service here.
+  # Endpoint reconciler "none": the default refuses a loopback advertise address; the real
+  # node (e2e/node.sh) points the "kubernetes" Service at its own forwarder instead.
   launch kube-apiserver \
     --etcd-servers="http://127.0.0.1:${ETCD_PORT}" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="${API_PORT}" \
@@ -291,6 +132,9 @@ cmd_start() {
     --service-account-key-file="${PKI}/sa.pub" \
     --service-account-signing-key-file="${PKI}/sa.key" \
     --service-cluster-ip-range="${SERVICE_CIDR}" \
+    --kubelet-client-certificate="${PKI}/apiserver-kubelet-client.crt" \
+    --kubelet-client-key="${PKI}/apiserver-kubelet-client.key" \
+    --kubelet-preferred-address-types=InternalIP,Hostname \
     --authorization-mode=Node,RBAC \
     --enable-admission-plugins=NodeRestriction \
     --endpoint-reconciler-type=none \
@@ -299,7 +143,9 @@ cmd_start() {
     --event-ttl=1h
   wait_for "kube-apiserver /readyz" kube-apiserver kc get --raw /readyz
   alive etcd
+}
 
+start_controllers() { # controller-manager, scheduler, kwok (waited for by cmd_start)
   launch kube-controller-manager \
     --kubeconfig="${STATE}/controller-manager.kubeconfig" \
     --authentication-kubeconfig="${STATE}/controller-manager.kubeconfig" \
@@ -325,9 +171,42 @@ cmd_start() {
     --manage-all-nodes=false \
     --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
     --node-lease-duration-seconds=40 \
-    --cidr=10.244.0.1/16 --node-ip=10.0.0.1 \
+    --cidr="${KWOK_POD_CIDR}" --node-ip="${KWOK_NODE_IP}" \
     --server-address="127.0.0.1:${KWOK_PORT}"
+}
 
+cmd_start() {
+  need_binaries
+  local c t0
+  for c in "${COMPONENTS[@]}"; do
+    if pid_of "${c}" >/dev/null; then
+      die "${c} already runs from ${STATE}: run e2e/cluster.sh stop first"
+    fi
+  done
+  # a real node left from an earlier start holds mounts and host settings: undo them first
+  if [[ -f "${STATE}/${MARKER}" && -d "${STATE}/node" ]]; then bash "${E2E_DIR}/node.sh" stop; fi
+  if [[ -e "${STATE}" ]]; then
+    if [[ -f "${STATE}/${MARKER}" ]]; then
+      rm -rf "${STATE}"
+    elif [[ -n "$(ls -A "${STATE}")" ]]; then
+      die "${STATE} exists, is not empty and is not an e2e state folder; refusing to wipe it"
+    fi
+  fi
+  t0="$(e2e_now)"
+  mkdir -p "${STATE}" "${LOGS}" "${PIDS}" "${STATE}/etcd"
+  touch "${STATE}/${MARKER}"
+  echo "${E2E_BIN}" >"${STATE}/bin"
+  pick_ports
+  make_pki
+  write_kubeconfig "${KUBECONFIG_FILE}" admin
+  write_kubeconfig "${STATE}/controller-manager.kubeconfig" controller-manager
+  write_kubeconfig "${STATE}/scheduler.kubeconfig" scheduler
+  write_kubeconfig "${STATE}/kwok.kubeconfig" kwok
+  write_kubeconfig "${STATE}/kuberay.kubeconfig" kuberay
+  write_kwok_config
+
+  start_storage_and_api
+  start_controllers
   wait_for "kube-controller-manager /healthz" kube-controller-manager curl -fsSk "https://127.0.0.1:${KCM_PORT}/healthz"
   wait_for "kube-scheduler /healthz" kube-scheduler curl -fsSk "https://127.0.0.1:${SCHED_PORT}/healthz"
   wait_for "kwok /healthz" kwok curl -fsS "http://127.0.0.1:${KWOK_PORT}/healthz"
@@ -364,6 +243,8 @@ cmd_stop() {
     log "nothing started from ${STATE}"
     return 0
   }
+  # the real node first (it drains its pods through the API server), if one was started
+  if [[ -d "${STATE}/node" ]]; then bash "${E2E_DIR}/node.sh" stop; fi
   # clients first, then the API server, then its storage
   stop_all kuberay-operator kwok kube-scheduler kube-controller-manager
   stop_all kube-apiserver
@@ -409,10 +290,14 @@ case "${1:-}" in
     cmd_stop
     if [[ -f "${STATE}/${MARKER}" ]]; then rm -rf "${STATE}"; fi
     ;;
-  status) cmd_status ;;
+  status)
+    cmd_status
+    if [[ -d "${STATE}/node" ]]; then bash "${E2E_DIR}/node.sh" status; fi
+    ;;
+  node) exec bash "${E2E_DIR}/node.sh" start ;;
   env) cmd_env ;;
   *)
-    echo "usage: $0 start|kuberay|stop|clean|status|env" >&2
+    echo "usage: $0 start|kuberay|node|stop|clean|status|env" >&2
     exit 2
     ;;
 esac

@@ -7,10 +7,10 @@ E2E_CACHE="${RLJOB_E2E_CACHE:-${HOME}/.cache/rljob/e2e}"
 
 # shellcheck source=versions.env
 . "${E2E_DIR}/versions.env"
-: "${KUBERNETES_VERSION:?}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}" "${HELM_VERSION:?}" "${KUBERAY_VERSION:?}"
+: "${KUBERNETES_VERSION:?}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}" "${HELM_VERSION:?}" "${KUBERAY_VERSION:?}" "${COREDNS_VERSION:?}"
 
 # Tools we build: name, Go module, pinned version. Binaries come from e2e/tools/<name>/go.mod.
-E2E_TOOLS=(etcd kube kwok helm kuberay)
+E2E_TOOLS=(etcd kube kwok helm kuberay coredns)
 e2e_tool_module() {
   case "$1" in
     etcd) echo "go.etcd.io/etcd/server/v3 ${ETCD_VERSION}" ;;
@@ -18,18 +18,19 @@ e2e_tool_module() {
     kwok) echo "sigs.k8s.io/kwok ${KWOK_VERSION}" ;;
     helm) echo "helm.sh/helm/v3 ${HELM_VERSION}" ;;
     kuberay) echo "github.com/ray-project/kuberay/ray-operator ${KUBERAY_VERSION}" ;;
+    coredns) echo "github.com/coredns/coredns ${COREDNS_VERSION}" ;;
     *) return 1 ;;
   esac
 }
 
 # The versions hash: versions.env's KEY=value lines (not its comments) plus the wrapper
-# modules generated from it.
+# modules generated from it and their own Go sources (tools/coredns/main.go).
 e2e_hash() {
   (
     cd "${E2E_DIR}" || exit 1
     grep -E '^[A-Z0-9_]+=' versions.env
     for t in "${E2E_TOOLS[@]}"; do
-      cat "tools/${t}/go.mod" "tools/${t}/go.sum" 2>/dev/null || true
+      cat "tools/${t}/go.mod" "tools/${t}/go.sum" "tools/${t}"/*.go 2>/dev/null || true
     done
   ) | sha256sum | cut -c1-12
 }

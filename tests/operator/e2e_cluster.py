@@ -99,13 +99,20 @@ class Cluster:
             raise RuntimeError(f"e2e/cluster.sh {' '.join(args)} failed:\n{out.stderr[-3000:]}")
         return out.stdout
 
-    def start(self) -> None:
+    def start(self, kuberay: bool = True) -> None:
         self.script("start")
         # The environment `eval "$(e2e/cluster.sh env)"` gives a shell: KUBECONFIG, PATH, RLJOB_E2E_*.
         shell = f'eval "$(bash {E2E / "cluster.sh"} env)" && env -0'
         out = subprocess.run(["bash", "-c", shell], env=self.env, capture_output=True, check=True)
         self.env = dict(item.split("=", 1) for item in out.stdout.decode().split("\0") if "=" in item)
-        self.script("kuberay")
+        if kuberay:
+            self.script("kuberay")
+
+    def start_node(self) -> float:
+        """Join the real node (e2e/node.sh start); returns the seconds until it was Ready."""
+        t0 = time.monotonic()
+        self.script("node")
+        return time.monotonic() - t0
 
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         out = subprocess.run(
@@ -282,6 +289,15 @@ def fresh_namespace(cluster: Cluster, test_name: str, prefix: str) -> Iterator[s
     cluster.kubectl("create", "namespace", name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+def real_node_missing() -> list[str]:
+    """What this machine lacks to run the real node (`e2e/node.sh check`: root, containerd, runc,
+    the CNI plugins, overlayfs, cgroups, the built kubelet/kube-proxy/CoreDNS), one item a line."""
+    out = subprocess.run(["bash", str(E2E / "node.sh"), "check"], capture_output=True, text=True)
+    if out.returncode == 0:
+        return []
+    return [line for line in (out.stdout + out.stderr).splitlines() if line.strip()] or ["e2e/node.sh check failed"]
 
 
 def skip_without_binaries() -> pytest.MarkDecorator:

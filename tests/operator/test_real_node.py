@@ -1,0 +1,165 @@
+"""The e2e cluster's real node (e2e/node.sh): containers run, Services resolve and answer.
+
+One cluster for the module, with kwok as usual and one real node: containerd + runc, the CNI
+bridge, the kubelet, kube-proxy and CoreDNS. Pods use the busybox image the node made locally
+(`rljob.e2e/busybox:local`, never pulled) and tolerate the node's taint. Skips only where the
+machine cannot run containers, naming what it lacks (e2e/node.sh check).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_cluster import Cluster, fresh_namespace, missing_binaries, real_node_missing, wait_for
+
+_MISSING = missing_binaries() + real_node_missing()
+pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"cannot run a real node here: missing {'; '.join(_MISSING)}")
+
+NODE = "rljob-e2e-node"
+IMAGE = "rljob.e2e/busybox:local"
+BRIDGE = "rljob0"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("e2e-node-state"))
+    try:
+        t0 = time.monotonic()
+        c.start(kuberay=False)
+        started = time.monotonic() - t0
+        ready = c.start_node()
+        print(f"\ncontrol plane up after {started:.1f}s; real node Ready after {ready:.1f}s")
+        yield c
+    finally:
+        c.script("clean")
+
+
+def pod(name: str, command: str, labels: dict[str, str] | None = None, restart: str = "Never") -> dict[str, Any]:
+    """A busybox pod pinned to the real node."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": labels or {}},
+        "spec": {
+            "restartPolicy": restart,
+            "terminationGracePeriodSeconds": 1,
+            "nodeSelector": {"rljob.io/e2e-node": "real"},
+            "tolerations": [{"key": "rljob.io/e2e-real-node", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {"name": "main", "image": IMAGE, "imagePullPolicy": "Never", "command": ["/bin/sh", "-c", command]}
+            ],
+        },
+    }
+
+
+def run_pod(cluster: Cluster, ns: str, doc: dict[str, Any], phase: str) -> float:
+    """Create the pod and wait for `phase`; returns the seconds it took. A Failed pod fails the test."""
+    t0 = time.monotonic()
+    cluster.apply(doc, "-n", ns)
+    name = doc["metadata"]["name"]
+
+    def reached() -> bool:
+        got = (cluster.get("pod", name, ns) or {}).get("status", {}).get("phase")
+        if got == "Failed" and phase != "Failed":
+            logs = cluster.kubectl("logs", name, "-n", ns, check=False).stdout
+            raise AssertionError(f"pod {name} Failed; logs:\n{logs}")
+        return got == phase
+
+    wait_for(f"pod {name} {phase}", reached, timeout=90)
+    took = time.monotonic() - t0
+    print(f"pod {ns}/{name} {phase} after {took:.1f}s")
+    return took
+
+
+WEB = "echo hello-from-web > /www/index.html; echo serving; exec httpd -f -v -p 8080 -h /www"
+
+
+def serve(cluster: Cluster, ns: str) -> None:
+    """A busybox httpd pod behind the Service `web` (port 80 -> 8080)."""
+    run_pod(cluster, ns, pod("web", WEB, labels={"app": "web"}, restart="Always"), "Running")
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
+    }
+    cluster.apply(service, "-n", ns)
+
+
+def test_service_resolves_and_answers_from_another_pod(cluster: Cluster, request: pytest.FixtureRequest) -> None:
+    with fresh_namespace(cluster, request.node.name, "node") as ns:
+        serve(cluster, ns)
+        host = f"web.{ns}.svc.cluster.local"
+        # busybox wget: no -T (it crashes Debian's static busybox 1.35); the pod's own timeout instead
+        client = f"nslookup {host} && timeout 20 wget -q -O - http://{host}/ && echo client-done"
+        run_pod(cluster, ns, pod("client", client), "Succeeded")
+        logs = cluster.kubectl("logs", "client", "-n", ns).stdout
+        ip = cluster.get("service", "web", ns)["spec"]["clusterIP"]  # type: ignore[index]
+        assert ip.startswith("198.19."), ip
+        assert f"Address: {ip}" in logs, logs
+        assert "hello-from-web" in logs and "client-done" in logs, logs
+        # the server's output (kubectl logs: httpd -v logs each answer with the client's address)
+        # and a command run in it (kubectl exec)
+        server_logs = cluster.kubectl("logs", "web", "-n", ns).stdout
+        assert server_logs.startswith("serving\n") and "response:200" in server_logs, server_logs
+        out = cluster.kubectl("exec", "web", "-n", ns, "--", "cat", "/www/index.html").stdout
+        assert out == "hello-from-web\n"
+
+
+def test_pod_reaches_api_server_through_kubernetes_service(cluster: Cluster, request: pytest.FixtureRequest) -> None:
+    with fresh_namespace(cluster, request.node.name, "node") as ns:
+        # kubectl's in-cluster config: $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT (the Service's
+        # ClusterIP), the ServiceAccount's token, and the server certificate checked against its ca.crt.
+        # (Not busybox wget: its own TLS client fails the handshake with the API server.)
+        script = (
+            "nslookup kubernetes.default.svc.cluster.local && "
+            'echo "service $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT" && '
+            "kubectl version -o json && kubectl auth whoami -o jsonpath='{.status.userInfo.username}'"
+        )
+        run_pod(cluster, ns, pod("api-client", script), "Succeeded")
+        logs = cluster.kubectl("logs", "api-client", "-n", ns).stdout
+        assert "Address: 198.19.0.1" in logs and "service 198.19.0.1:443" in logs, logs
+        assert '"gitVersion": "v1.37.1"' in logs, logs
+        assert logs.rstrip().endswith(f"system:serviceaccount:{ns}:default"), logs
+
+
+def host_leftovers(cluster: Cluster) -> list[str]:
+    """What pods leave on the host: veths on the bridge, IP leases, tasks, pod cgroups, pod folders."""
+    node = cluster.state / "node"
+    out = []
+    veths = subprocess.run(["ip", "-o", "link", "show", "master", BRIDGE], capture_output=True, text=True).stdout
+    out += [f"veth {line.split(':')[1].strip()}" for line in veths.splitlines()]
+    out += [f"IP lease {p.name}" for p in (node / "cni" / "ipam" / "rljob-e2e").glob("198.*")]
+    sock = str(node / "containerd" / "containerd.sock")
+    tasks = subprocess.run(
+        ["ctr", "--address", sock, "-n", "k8s.io", "tasks", "ls", "-q"], capture_output=True, text=True
+    )
+    out += [f"task {t}" for t in tasks.stdout.split()]
+    out += [f"cgroup {p}" for p in Path("/sys/fs/cgroup/memory/rljob-e2e/kubepods").glob("**/pod*")]
+    out += [f"pod folder {p.name}" for p in (node / "kubelet" / "pods").glob("*")]
+    out += [f"netns {p.name}" for p in (node / "containerd" / "state").glob("**/netns/*")]
+    out += [f"CNI result {p.name}" for p in Path("/var/lib/cni/results").glob("rljob-e2e-*")]
+    return out
+
+
+def test_deleting_pods_leaves_nothing_behind(cluster: Cluster, request: pytest.FixtureRequest) -> None:
+    with fresh_namespace(cluster, request.node.name, "node") as ns:
+        serve(cluster, ns)
+        assert any(x.startswith("veth ") for x in host_leftovers(cluster)), "a running pod has a veth"
+    # every test namespace is being deleted now; wait for the node to have no pod at all
+    wait_for(
+        "no pods on the real node",
+        lambda: (
+            not cluster.kubectl("get", "pods", "-A", "--field-selector", f"spec.nodeName={NODE}", "-o", "name").stdout
+        ),
+        timeout=90,
+    )
+    deadline = time.monotonic() + 60
+    while (left := host_leftovers(cluster)) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left, f"left on the host after the pods were deleted: {left}"
