@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import ray
 import yaml
 from test_local_run import assert_each_prompt_trained_once, job_doc, run_job
 
@@ -32,7 +33,7 @@ def _kill_at(step: int, pool: str) -> tuple[Any, list[int]]:
     def hook(run: LocalRun, report: StepReport) -> None:
         actors = run.rollout if pool == "rollout" else run.reward
         if not killed and report.step >= step and f"{pool}-0" in actors.actors:
-            actors.kill(f"{pool}-0")
+            ray.kill(actors.actors[f"{pool}-0"])  # the process dies; the driver's books are not told
             killed.append(report.step)
 
     return hook, killed

@@ -258,6 +258,8 @@ class LocalRun:
         assert self.weight_sync is not None
         await self.weight_sync.catch_up(replica, self.weight_sync.published)
         replica.alive = True
+        if self.controller is not None:
+            await self.controller.wake()  # prompts waiting for a replica may go now
 
     async def _detach_reward(self, name: str, cause: str) -> None:
         self.router.drop_replica(name, cause)

@@ -359,6 +359,10 @@ class Controller:
             self._failure = message
             asyncio.get_running_loop().create_task(self._notify())
 
+    async def wake(self) -> None:
+        """Something the loop may wait for changed outside it (a replica joined the rollout pool)."""
+        await self._notify()
+
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
