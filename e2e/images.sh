@@ -11,7 +11,8 @@
 #   e2e/images.sh worker           the full worker image, once per dependency hash, smoke-tested
 #   e2e/images.sh check            exit 0 only if what `build` makes is there
 #   e2e/images.sh env              RLJOB_E2E_* lines (image names, archives, environment) for eval
-#   e2e/images.sh import [ADDR]    import the built archives into containerd at ADDR (k8s.io namespace)
+#   e2e/images.sh import [ADDR] [full]  ctr -n k8s.io images import of the operator and worker-test
+#                                  archives (and the full worker's) into the containerd at ADDR
 #   e2e/images.sh smoke [--mount HOST:PATH]... ARCHIVE CMD...
 #                                  import ARCHIVE into a private containerd, run CMD in it
 #   e2e/images.sh deps             apt-get install buildah and mmdebstrap (root)
@@ -321,10 +322,12 @@ export RLJOB_E2E_WORKER_ARCHIVE=${DEPS_DIR}/worker.tar
 ENV
 }
 
-import_all() { # [containerd address]
-  local addr="${1:-/run/containerd/containerd.sock}" a
-  for a in "${SRC_DIR}/operator.tar" "${DEPS_DIR}/worker-test.tar" "${DEPS_DIR}/worker.tar"; do
-    [[ -s "${a}" ]] || continue
+# What the e2e pods run (operator, worker-test); with "full", the full worker image too.
+import_all() { # [containerd address] [full]
+  local addr="${1:-/run/containerd/containerd.sock}" a archives=("${SRC_DIR}/operator.tar" "${DEPS_DIR}/worker-test.tar")
+  [[ "${2:-}" == full ]] && archives+=("${DEPS_DIR}/worker.tar")
+  for a in "${archives[@]}"; do
+    [[ -s "${a}" ]] || die "import: ${a} not built (e2e/images.sh$([[ "${a}" == */worker.tar ]] && echo " worker"))"
     ctr -a "${addr}" -n k8s.io images import "${a}"
   done
 }
@@ -341,7 +344,7 @@ case "${1:-build}" in
   worker) build_worker ;;
   check) is_built ;;
   env) print_env ;;
-  import) import_all "${2:-}" ;;
+  import) import_all "${2:-}" "${3:-}" ;;
   smoke)
     shift
     (($# >= 2)) || die "usage: $0 smoke [--mount HOST:PATH]... ARCHIVE CMD..."
