@@ -13,7 +13,7 @@
 #   e2e/images.sh env              RLJOB_E2E_* lines (image names, archives, environment) for eval
 #   e2e/images.sh import [ADDR] [full]  ctr -n k8s.io images import of the operator and worker-test
 #                                  archives (and the full worker's) into the containerd at ADDR
-#   e2e/images.sh smoke [--mount HOST:PATH]... ARCHIVE CMD...
+#   e2e/images.sh smoke [--read-only] [--mount HOST:PATH]... ARCHIVE CMD...
 #                                  import ARCHIVE into a private containerd, run CMD in it
 #   e2e/images.sh deps             apt-get install buildah and mmdebstrap (root)
 #
@@ -44,6 +44,7 @@ bah() { buildah --root "${IMG}/storage" --runroot "${IMG}/run" --storage-driver 
 sha_files() { (cd "${REPO}" && sha256sum "$@"); }
 short() { sha256sum | cut -c1-12; }
 
+# The hashes cover the recipes' inputs, not this script: bump a "v1" below when a recipe here changes.
 # The base: its recipe only (a rebuild later may get newer Debian security updates).
 base_hash() { echo "${BASE_SUITE} ${BASE_PACKAGES} ${PYTHON_VERSION} v1" | short; }
 
@@ -256,12 +257,16 @@ TOML
 }
 
 # Import ARCHIVE (its one image) into a private containerd and run CMD in it as the image says
-# (its user, env, working directory); each --mount HOST:PATH is bound read-only, as a pod's hostPath.
-smoke() { # [--mount host:path]... archive cmd...
+# (its user, env, working directory); each --mount HOST:PATH is bound read-only, as a pod's hostPath;
+# --read-only: a read-only root file system, as the operator chart's securityContext asks.
+smoke() { # [--read-only] [--mount host:path]... archive cmd...
   local mounts=() ref t0
-  while [[ "${1:-}" == --mount ]]; do
-    mounts+=(--mount "type=bind,src=${2%%:*},dst=${2#*:},options=rbind:ro")
-    shift 2
+  while [[ "${1:-}" == --* ]]; do
+    case "$1" in
+      --read-only) mounts+=(--read-only) && shift ;;
+      --mount) mounts+=(--mount "type=bind,src=${2%%:*},dst=${2#*:},options=rbind:ro") && shift 2 ;;
+      *) die "smoke: unknown option $1" ;;
+    esac
   done
   local archive="$1"
   shift
@@ -347,7 +352,7 @@ case "${1:-build}" in
   import) import_all "${2:-}" "${3:-}" ;;
   smoke)
     shift
-    (($# >= 2)) || die "usage: $0 smoke [--mount HOST:PATH]... ARCHIVE CMD..."
+    (($# >= 2)) || die "usage: $0 smoke [--read-only] [--mount HOST:PATH]... ARCHIVE CMD..."
     smoke "$@"
     ;;
   deps) DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends buildah mmdebstrap ;;

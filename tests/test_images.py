@@ -130,7 +130,8 @@ def test_operator_image_runs_in_containerd(operator_archive):
         "print('heavy:', bad)"
     )
     script = f'python -m rljob_operator --help && python -c "{check}" && id -u'
-    out = _images("smoke", str(archive), "sh", "-c", script, timeout=300)
+    # read-only root file system, as the chart runs it
+    out = _images("smoke", "--read-only", str(archive), "sh", "-c", script, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "usage: python -m rljob_operator" in out.stdout
     assert "heavy: []" in out.stdout
