@@ -18,8 +18,8 @@ COPY workers ./workers
 COPY proto/gen ./proto/gen
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
-FROM python:${PYTHON_VERSION}-slim
-ARG EXTRAS=workers
+# The worker's runtime without its Python packages: shared by the image below and by e2e's test variant.
+FROM python:${PYTHON_VERSION}-slim AS runtime
 ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     HF_HUB_OFFLINE=1 \
@@ -28,13 +28,24 @@ ENV PYTHONUNBUFFERED=1 \
 # KubeRay's probes and its wait-for-GCS init container run bash and wget inside this image.
 RUN apt-get update \
     && apt-get install -y --no-install-recommends bash wget ca-certificates \
-    && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --uid 1000 --create-home --shell /bin/bash ray
+
+# Test only (e2e/images.sh, `--target worker-test`): the runtime, its Python packages in a virtual
+# environment the pods mount read-only at /opt/rljob/venv (made with this image's own python3).
+FROM runtime AS worker-test
+ENV PATH=/opt/rljob/venv/bin:$PATH
+USER 1000
+WORKDIR /home/ray
+CMD ["rljob", "--help"]
+
+FROM runtime
+ARG EXTRAS=workers
 COPY --from=build /wheels /wheels
 COPY constraints.txt /tmp/constraints.txt
 RUN pip install --no-cache-dir -c /tmp/constraints.txt "$(ls /wheels/rljob-*.whl)[${EXTRAS}]" \
     && rm -rf /wheels /tmp/constraints.txt \
-    && python -c "import importlib.util as u; assert u.find_spec('kopf') is None, 'kopf in the worker image'" \
-    && useradd --uid 1000 --create-home --shell /bin/bash ray
+    && python -c "import importlib.util as u; assert u.find_spec('kopf') is None, 'kopf in the worker image'"
 USER 1000
 WORKDIR /home/ray
 CMD ["rljob", "--help"]
