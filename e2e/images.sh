@@ -355,7 +355,12 @@ case "${1:-build}" in
     (($# >= 2)) || die "usage: $0 smoke [--read-only] [--mount HOST:PATH]... ARCHIVE CMD..."
     smoke "$@"
     ;;
-  deps) DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends buildah mmdebstrap ;;
+  deps) # apt-get only when a tool is missing (a fresh machine's package lists may be empty: update first)
+    if ! command -v buildah >/dev/null 2>&1 || ! command -v mmdebstrap >/dev/null 2>&1; then
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends buildah mmdebstrap >/dev/null
+    fi
+    ;;
   *)
     sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//' >&2
     exit 2
