@@ -24,12 +24,9 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_local_run import job_doc
 
 from rljob_api.workercfg import Ports, pool_resource
-from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
-
-from conftest import REPO
-from tiny_models import char_llama
 
 pytestmark = pytest.mark.ray
 
@@ -158,23 +155,15 @@ def _wait_for_port(host: str, port: int, seconds: float, process: subprocess.Pop
     raise AssertionError(f"nothing listens on {host}:{port} after {seconds:.0f}s")
 
 
-def _job_file(root: Path) -> Path:
-    char_llama(root / "model", eos_bias=3.0)
-    write_jsonl(root / "train.jsonl", make_problems(256, seed=1))
-    doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
-    spec = doc["spec"]
-    spec["model"]["path"] = str(root / "model")
-    spec["data"]["path"] = str(root / "train.jsonl")
-    spec["checkpoint"] = {"dir": str(root / "ckpt"), "everySteps": 10}
-    spec["algorithm"].update(groupSize=4, promptsPerStep=4, totalSteps=12)
-    spec["rollout"]["sampling"]["maxNewTokens"] = 6
-    path = root / "rljob.yaml"
+def _job_file(assets: Path, work: Path) -> Path:
+    doc = job_doc(assets, work, totalSteps=12)  # 12 x 4 prompts of the 64: every step a new prompt group
+    path = work / "rljob.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
 
 
-def test_cluster_run_joins_the_ray_it_is_given_and_serves_at_the_spec_ports(ray_head, netns, tmp_path):
-    job_file = _job_file(tmp_path)
+def test_cluster_run_joins_the_ray_it_is_given_and_serves_at_the_spec_ports(assets, ray_head, netns, tmp_path):
+    job_file = _job_file(assets, tmp_path)
     ports = Ports()  # the defaults the operator's Services point at
     clusters_before = _gcs_servers()
     env = {**_pod_env(), "RAY_ADDRESS": ray_head}
