@@ -38,7 +38,14 @@ from .raycluster import render_ray_cluster
 # The children that hold GPUs (the pools) and the driver: what suspend deletes.
 POOL_KINDS = ("RayCluster",)
 DRIVER_KINDS = ("Job",)
-DRIVER_COMMAND = ["rljob", "run", f"{CONFIG_DIR}/{RLJOB_FILE}", "--cluster", "--resume", "--no-display"]
+# A deleted driver pod gets SIGTERM: rljob run finishes or drops the step, writes a checkpoint (within
+# --stop-timeout) and exits; the grace period outlasts that, so Kubernetes' SIGKILL does not cut it short.
+DRIVER_STOP_TIMEOUT_SECONDS = 60
+DRIVER_GRACE_SECONDS = DRIVER_STOP_TIMEOUT_SECONDS + 30
+DRIVER_COMMAND = [
+    *("rljob", "run", f"{CONFIG_DIR}/{RLJOB_FILE}", "--cluster", "--resume", "--no-display"),
+    *("--stop-timeout", str(DRIVER_STOP_TIMEOUT_SECONDS)),
+]
 # The driver pod joins the Ray cluster as a node without CPUs or GPUs (so no pool actor lands on it), which
 # lets `ray.init(address="auto")` in `rljob run --cluster` find a local node, then runs the controller.
 DRIVER_SCRIPT = (
@@ -150,7 +157,11 @@ def render_driver(job: RLJob, options: RenderOptions) -> dict[str, Any]:
     template = pod_template(
         component_labels(job, "driver"),
         main,
-        account={"restartPolicy": "Never", "serviceAccountName": service_account_name(job)},
+        account={
+            "restartPolicy": "Never",
+            "serviceAccountName": service_account_name(job),
+            "terminationGracePeriodSeconds": DRIVER_GRACE_SECONDS,
+        },
         volumes=volumes(job, tokens=True),
         node_selector=options.system_node_selector,
         tolerations=options.system_tolerations,

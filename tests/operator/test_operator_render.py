@@ -18,6 +18,7 @@ from rljob_api import RLJob, derive_worker_configs, load_rljob, parse_rljob
 from rljob_operator.dump import dump_all
 from rljob_operator.options import Owner, RenderOptions, RewardGroup
 from rljob_operator.render import DRIVER_COMMAND, absent_kinds, render
+from rljob_workers.driver.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
@@ -210,7 +211,10 @@ def test_driver_runs_the_controller_against_the_cluster() -> None:
     pod = driver["spec"]["template"]["spec"]
     script = pod["containers"][0]["command"][2]
     assert script.endswith("exec " + " ".join(DRIVER_COMMAND) + "\n")
-    assert DRIVER_COMMAND == ["rljob", "run", "/etc/rljob/rljob.yaml", "--cluster", "--resume", "--no-display"]
+    assert DRIVER_COMMAND[:6] == ["rljob", "run", "/etc/rljob/rljob.yaml", "--cluster", "--resume", "--no-display"]
+    # The CLI takes the command as rendered, and a deleted pod's SIGTERM has time to leave a checkpoint.
+    args = build_parser().parse_args(DRIVER_COMMAND[1:])
+    assert args.cluster and args.resume and pod["terminationGracePeriodSeconds"] > args.stop_timeout
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["RAY_ADDRESS"] == "qwen-math-grpo-ray-head-svc.research.svc:6379"
     assert pod["restartPolicy"] == "Never"
