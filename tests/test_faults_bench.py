@@ -1,0 +1,48 @@
+"""The fault suite on the shipped example's model: a rollout replica, a reward replica and a
+trainer rank killed (SIGKILL of their processes) at random steps of one `rljob run`, which must
+finish with no prompt lost or trained twice (benchmarks/faults/run.py, run short)."""
+
+from __future__ import annotations
+
+import importlib.util
+import random
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from rljob_workers.models.tiny import make_tiny_model
+from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
+
+from conftest import REPO
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
+STEPS = 30
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_faults", REPO / "benchmarks" / "faults" / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_three_kills_at_random_steps_are_survived(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model = make_tiny_model(tmp_path / "model")
+    data = write_jsonl(tmp_path / "train.jsonl", make_problems(1024, seed=10_000))
+    pick = random.Random()
+    seed = pick.randrange(1 << 30)
+    steps = sorted(random.Random(seed).sample(range(3, STEPS - 4), 3))
+    kills = ",".join(f"{pool}:{step}" for pool, step in zip(("rollout", "reward", "trainer"), steps, strict=True))
+    print(f"seed {seed}: kills {kills}")
+    argv = ["--steps", str(STEPS), "--kills", kills, "--model", str(model), "--data", str(data)]
+    rc = _bench().main(argv)
+    out = capsys.readouterr().out
+    print(out)
+    assert rc == 0, out
+    assert "3 faults injected; run finished" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and " killed |" in line]
+    assert len(rows) == 3 and all(row.endswith("| 0 | 0 | finished |") for row in rows), rows
