@@ -27,7 +27,7 @@ from rljob_workers.driver.launcher import ActorPool
 log = logging.getLogger(__name__)
 
 INTERVAL = 1.0  # seconds between two checks
-PING_TIMEOUT = 10.0  # an actor that does not answer Ray within this is dead
+PING_TIMEOUT = 10.0  # longest wait for one answer; no answer is not death (see `ping`)
 BACKOFF_BASE, BACKOFF_CAP = 0.5, 30.0  # seconds before the n-th restart: base * 2**(n-1), capped
 
 
@@ -48,15 +48,18 @@ class Restart:
 
 
 async def ping(actor: Any) -> str | None:
-    """None if the actor answers; else why not, in a few words."""
+    """Why the actor is dead, in a few words; None while it is alive, or may be.
+
+    Only Ray's word that the process died counts: a slow answer (a replica busy on a loaded
+    machine) or a temporarily unreachable actor is looked at again next round, since replacing
+    a live replica would cost its in-flight work for nothing.
+    """
     try:
         await asyncio.wait_for(actor.pod_name.remote(), PING_TIMEOUT)
-    except asyncio.TimeoutError:
-        return f"no answer within {PING_TIMEOUT:g}s"
+    except (asyncio.TimeoutError, ray.exceptions.ActorUnavailableError):
+        return None
     except ray.exceptions.RayActorError:
         return "its process died"
-    except Exception as exc:  # any other Ray failure means the same to the pool
-        return f"{type(exc).__name__}"
     return None
 
 
@@ -79,7 +82,7 @@ class PoolSupervisor:
         causes = await asyncio.gather(*(self._cause_of_death(name) for name in names))
         for name, cause in zip(names, causes, strict=True):
             if cause is not None:
-                await self._replace(name, cause)
+                await self._replace(name)
         self._seen_alive = time.monotonic()
 
     async def _cause_of_death(self, name: str) -> str | None:
@@ -91,10 +94,13 @@ class PoolSupervisor:
             cause = "its gRPC stream broke"
         return cause
 
-    async def _replace(self, name: str, cause: str) -> None:
+    async def _replace(self, name: str) -> None:
         async with self.lock:
-            if name not in self.pool.actors:
-                return  # stopped on purpose meanwhile (elastic scale-down)
+            # Looked at again under the lock: a replica being added or drained (elastic scaling) is
+            # briefly in the pool but not in the data path, and must not be taken for dead.
+            cause = await self._cause_of_death(name)
+            if cause is None:
+                return
             detected = time.monotonic()
             self.pool.kill(name)
             await self.detach(name, cause)
