@@ -30,7 +30,7 @@ from rljob_workers.driver.launcher import ActorPool, RayTrainer, init_local_ray,
 from rljob_workers.driver.metrics import JsonlWriter, RunMetrics, plot_rewards
 from rljob_workers.driver.reward_router import RewardRouter
 from rljob_workers.driver.rundir import cut_metrics_after, lock_run_folders
-from rljob_workers.driver.setup import SetupError
+from rljob_workers.driver.setup import SetupError, first_line
 from rljob_workers.driver.stopping import SignalStop
 from rljob_workers.driver.supervisor import PoolSupervisor, TrainerWatch, supervise
 from rljob_workers.trainer import checkpoint
@@ -302,7 +302,7 @@ class LocalRun:
                 view.phase = control_pb.RUN_PHASE_SUCCEEDED
                 return 0
             except (RunFailed, ray.exceptions.RayActorError) as exc:
-                view.phase, view.message = control_pb.RUN_PHASE_FAILED, _first_line(exc)
+                view.phase, view.message = control_pb.RUN_PHASE_FAILED, first_line(exc) or type(exc).__name__
                 if self.trainer_watch.dead or isinstance(exc, ray.exceptions.RayActorError):
                     return EXIT_TRAINER_LOST  # `rljob run` restarts the trainer group from the last checkpoint
                 return 1
@@ -364,8 +364,3 @@ class LocalRun:
             await self.clients.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.gather(self.rollout.stop_all(), self.reward.stop_all()), 30)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

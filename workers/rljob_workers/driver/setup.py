@@ -80,7 +80,7 @@ def check_model(path: str, field: str) -> None:
         AutoConfig.from_pretrained(folder, local_files_only=True)
         AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except Exception as exc:  # any loader failure is this folder's fault; say which and why
-        raise SetupError(f"{field}: {path} does not load: {type(exc).__name__}: {_first_line(exc)}") from None
+        raise SetupError(f"{field}: {path} does not load: {type(exc).__name__}: {first_line(exc)}") from None
 
 
 def check_data(job: RLJob) -> None:
@@ -157,6 +157,7 @@ def check_ports_free(ports: dict[str, int]) -> None:
                 raise SetupError(f"ports.{name}: port {port} is taken ({exc.strerror})") from None
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message ('' if it has none): one line for the user."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else ""
