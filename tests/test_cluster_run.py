@@ -24,9 +24,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from google.protobuf import json_format
 from test_local_run import job_doc
 
-from rljob_api.workercfg import Ports, pool_resource
+from rljob.v1 import control_service_pb2 as control_pb
+from rljob_api.workercfg import TERMINATION_LOG_ENV, Ports, pool_resource
 
 pytestmark = pytest.mark.ray
 
@@ -166,7 +168,8 @@ def test_cluster_run_joins_the_ray_it_is_given_and_serves_at_the_spec_ports(asse
     job_file = _job_file(assets, tmp_path)
     ports = Ports()  # the defaults the operator's Services point at
     clusters_before = _gcs_servers()
-    env = {**_pod_env(), "RAY_ADDRESS": ray_head}
+    termination_log = tmp_path / "termination-log"  # the driver pod's /dev/termination-log
+    env = {**_pod_env(), "RAY_ADDRESS": ray_head, TERMINATION_LOG_ENV: str(termination_log)}
     log_path = tmp_path / "driver.log"
     with log_path.open("w") as log:
         command = _in_netns(netns, str(BIN / "rljob"), "run", "--cluster", "--no-display", str(job_file))
@@ -195,3 +198,7 @@ def test_cluster_run_joins_the_ray_it_is_given_and_serves_at_the_spec_ports(asse
     assert "rljob_step{" in metrics and "rljob_policy_version{" in metrics, metrics[:500]
     record = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in record] == list(range(1, 13))
+    # its last word for the operator, read once the ControlService is gone: the final step and reward
+    final = json_format.Parse(termination_log.read_text(), control_pb.JobStatus())
+    assert final.phase == control_pb.RUN_PHASE_SUCCEEDED and final.step == final.total_steps == 12, final
+    assert final.reward_mean == record[-1]["reward_mean"] and final.checkpoint.endswith("step-000012")

@@ -18,6 +18,9 @@ from .spec import AlgorithmSpec, CheckpointSpec, DataSpec, RLJob, WeightSyncSpec
 
 Pool = Literal["rollout", "trainer", "reward"]
 POOLS: tuple[Pool, ...] = ("rollout", "trainer", "reward")
+# The file the driver writes its last JobStatus to (JSON) as it exits: in a driver pod, the container's
+# termination message, which the operator reads once the ControlService is gone.
+TERMINATION_LOG_ENV = "RLJOB_TERMINATION_LOG"
 
 
 def pool_resource(pool: Pool) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from collections.abc import Sequence
 
@@ -50,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     kopf.run(
         standalone=True,  # one replica (the chart's Deployment uses strategy Recreate): no peering needed
+        # kopf's default identity asks the passwd database for the user, which fails for a uid the image has
+        # no entry for (the chart's 65532, or any uid a cluster assigns): the pod's host name is enough.
+        identity=socket.gethostname(),  # type: ignore[arg-type]  # kopf's Identity: a NewType of str it does not export
         clusterwide=config.clusterwide,
         namespaces=list(config.namespaces),
         liveness_endpoint=config.liveness,

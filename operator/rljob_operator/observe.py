@@ -6,6 +6,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from google.protobuf import json_format
+
+from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api.workercfg import POOLS, Pool
 
 from .names import LABEL_COMPONENT, LABEL_POOL
@@ -21,6 +24,7 @@ class PodInfo:
     unschedulable: str | None = None
     deleting: bool = False
     created: str = ""
+    termination_message: str = ""  # its container's, once it terminated
 
     @property
     def serving(self) -> bool:
@@ -83,7 +87,30 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         unschedulable=unschedulable,
         deleting=bool(meta.get("deletionTimestamp")),
         created=str(meta.get("creationTimestamp") or ""),
+        termination_message=_termination_message(status),
     )
+
+
+def _termination_message(status: Mapping[str, Any]) -> str:
+    for container in status.get("containerStatuses") or ():
+        terminated = (container.get("state") or {}).get("terminated") or {}
+        if terminated.get("message"):
+            return str(terminated["message"])
+    return ""
+
+
+def final_snapshot(driver: DriverInfo | None) -> control_pb.JobStatus | None:
+    """The controller's last status, as the driver pod left it in its termination message, once the run
+    is over: the driver pod succeeded, or the Job failed for good (a failed attempt the Job retries is
+    not the end). None without one (a driver killed before it wrote it leaves its log's end instead)."""
+    if driver is None or driver.pod is None or not driver.pod.termination_message:
+        return None
+    if not (driver.pod.phase == "Succeeded" or driver.finished):
+        return None
+    try:
+        return json_format.Parse(driver.pod.termination_message, control_pb.JobStatus(), ignore_unknown_fields=True)
+    except json_format.ParseError:
+        return None
 
 
 def driver_info(job: Mapping[str, Any] | None, pods: Iterable[PodInfo]) -> DriverInfo | None:

@@ -34,7 +34,7 @@ from .names import (
     driver_name,
     ray_cluster_name,
 )
-from .observe import Observed, observe, reward_group
+from .observe import Observed, final_snapshot, observe, reward_group
 from .options import Owner
 from .render import POOL_KINDS, absent_kinds, render, render_pools
 from .status import compute_status
@@ -242,7 +242,7 @@ async def poll_controller_of(
     driver = observed.driver
     if driver is None or not driver.running:
         ctx.snapshots.pop(key, None)
-        return None, False
+        return final_snapshot(driver), False  # the last step, reward and checkpoint, once it ended
     if poll or key not in ctx.snapshots:
         ctx.snapshots[key] = await ctx.control.snapshot(ctx.control_address(job))
         return ctx.snapshots[key], True

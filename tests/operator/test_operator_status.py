@@ -8,11 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from google.protobuf import json_format
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import RLJob, RLJobStatus, parse_rljob
 from rljob_api.workercfg import POOLS, Pool
-from rljob_operator.observe import DriverInfo, Observed, PodInfo, observe
+from rljob_operator.observe import DriverInfo, Observed, PodInfo, final_snapshot, observe, pod_info
 from rljob_operator.status import compute_status
 
 REPO = Path(__file__).resolve().parents[2]
@@ -270,3 +271,40 @@ def test_observe_reads_raw_objects() -> None:
     assert seen.driver.pod is not None and seen.driver.pod.name == "drv"
     assert seen.head is not None and seen.head.serving
     assert observe(None, [], None) == Observed(pods={"rollout": (), "trainer": (), "reward": ()})
+
+
+def test_succeeded_once_the_driver_pod_succeeded_before_the_job_is_marked_complete() -> None:
+    # the pools are still up and the controller gone: not "Provisioning" again
+    observed = Observed(
+        ray_cluster=True, head=HEAD, pods=running_pools(), driver=DriverInfo(pod=PodInfo("d", "Succeeded"))
+    )
+    assert compute_status(job(), observed, None, now=T0).phase == "Succeeded"
+
+
+def _ended(phase: str, message: str, **driver: Any) -> DriverInfo:
+    return DriverInfo(pod=PodInfo("d", phase, termination_message=message), **driver)
+
+
+def test_the_last_step_comes_from_the_driver_pods_termination_message() -> None:
+    last = snapshot(phase=control_pb.RUN_PHASE_SUCCEEDED, step=500, reward_mean=0.93, checkpoint="/c/step-000500")
+    message = json_format.MessageToJson(last, indent=None)
+    raw = {"metadata": {"name": "d"}, "status": {"phase": "Succeeded", "containerStatuses": [
+        {"name": "driver", "state": {"terminated": {"exitCode": 0, "message": message}}}]}}  # fmt: skip
+    assert pod_info(raw).termination_message == message
+    # the previous poll saw step 496; the ControlService is gone now
+    before = compute_status(job(), Observed(ray_cluster=True, head=HEAD, pods=running_pools(), driver=DRIVER_RUNNING),
+                            snapshot(step=496, reward_mean=0.9), now=T0)  # fmt: skip
+    driver = _ended("Succeeded", message, complete=True)
+    status = compute_status(job(), Observed(driver=driver), final_snapshot(driver), now=T0, previous=before)
+    assert (status.phase, status.step, status.checkpoint) == ("Succeeded", 500, "/c/step-000500")
+    assert status.reward is not None and status.reward.mean == 0.93
+
+
+def test_termination_message_counts_only_at_the_end() -> None:
+    stopped = json_format.MessageToJson(snapshot(phase=control_pb.RUN_PHASE_STOPPING, step=7), indent=None)
+    # a failed attempt the Job retries is not the end; the Job's failure is, with the driver's own reason
+    assert final_snapshot(_ended("Failed", stopped)) is None
+    assert final_snapshot(_ended("Failed", stopped, failed=True)).step == 7  # type: ignore[union-attr]
+    # FallbackToLogsOnError: the end of the log, not JSON
+    assert final_snapshot(_ended("Failed", "Traceback (most recent call last):", failed=True)) is None
+    assert final_snapshot(_ended("Running", "")) is None and final_snapshot(None) is None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ import ray
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob.v1 import control_service_pb2_grpc as control_grpc
 from rljob_api import RLJob
-from rljob_api.workercfg import WorkerConfigs
+from rljob_api.workercfg import TERMINATION_LOG_ENV, WorkerConfigs
 from rljob_workers.common.grpc_server import RunningServer, Service, start_server
 from rljob_workers.driver.controller.data import load_prompts
 from rljob_workers.driver.controller.elastic import ElasticRewardPool
@@ -23,7 +24,7 @@ from rljob_workers.driver.controller.idle import IdleMeter
 from rljob_workers.driver.controller.loop import Controller
 from rljob_workers.driver.controller.report import Counts, RunFailed, StepReport
 from rljob_workers.driver.controller.rollout_clients import RolloutClients
-from rljob_workers.driver.controller.status import ControlServicer, RunView
+from rljob_workers.driver.controller.status import ControlServicer, RunView, final_status_message
 from rljob_workers.driver.controller.weight_sync import WeightSync
 from rljob_workers.driver.display import Progress
 from rljob_workers.driver.launcher import ActorPool, RayTrainer, init_local_ray, reward_pool, rollout_pool
@@ -328,6 +329,9 @@ class LocalRun:
         return {pool: meter.fraction() for pool, meter in self.idle.items()}
 
     def _summary(self, rc: int, view: RunView, reports: list[StepReport]) -> None:
+        if os.environ.get(TERMINATION_LOG_ENV):  # the driver pod's termination message: the operator's last word
+            with contextlib.suppress(OSError):
+                Path(os.environ[TERMINATION_LOG_ENV]).write_text(final_status_message(view.snapshot()))
         jsonl = self.output / "metrics.jsonl"
         lines = []
         if self.signals.signal is not None:

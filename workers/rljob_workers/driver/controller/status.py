@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from google.protobuf import json_format
+
 from rljob.v1 import control_service_pb2 as pb
 from rljob.v1 import control_service_pb2_grpc as pb_grpc
 from rljob_workers.driver.controller.loop import Controller
@@ -51,6 +53,24 @@ class RunView:
             pool = pb.PoolStatus(desired=desired, ready=ready, drained=drained, idle_fraction=idle.get(name, 0.0))
             getattr(status, name).CopyFrom(pool)
         return status
+
+
+# What the kubelet keeps of a container's termination message.
+MAX_TERMINATION_MESSAGE = 4096
+
+
+def final_status_message(status: pb.JobStatus) -> str:
+    """The run's last status as one line of JSON for the driver pod's termination message, within the
+    kubelet's limit (the message is cut and the drained replicas' names left out when it would not fit)."""
+    final = pb.JobStatus()
+    final.CopyFrom(status)
+    text = json_format.MessageToJson(final, indent=None)
+    if len(text) > MAX_TERMINATION_MESSAGE:
+        for pool in (final.rollout, final.trainer, final.reward):
+            del pool.drained[:]
+        final.message = final.message[:1000]
+        text = json_format.MessageToJson(final, indent=None)
+    return text
 
 
 class ControlServicer(pb_grpc.ControlServiceServicer):
