@@ -9,7 +9,7 @@ EXAMPLE ?= examples/arithmetic.yaml
 MODEL_DIR ?= .cache/models/tiny-arith
 DATA_FILE ?= .cache/data/arithmetic-train.jsonl
 
-.PHONY: setup run test lint typecheck generate model clean
+.PHONY: setup run test lint typecheck generate model clean e2e-real
 
 setup: $(STAMP)
 
@@ -35,6 +35,15 @@ typecheck: setup
 
 test: lint typecheck
 	$(BIN)/pytest
+
+# `kubectl apply` of examples/arithmetic-cluster.yaml on the e2e cluster's real node, to Succeeded
+# (root; builds the control plane, the node's packages and the images first, each cached).
+e2e-real: setup
+	bash e2e/build.sh
+	bash e2e/node-deps.sh
+	bash e2e/images.sh deps
+	nice -n 5 bash e2e/images.sh
+	$(BIN)/pytest -s tests/operator/test_e2e_real.py
 
 generate: setup
 	$(BIN)/python proto/generate.py

@@ -35,6 +35,8 @@ RUN apt-get update \
 # environment the pods mount read-only at /opt/rljob/venv (made with this image's own python3).
 FROM runtime AS worker-test
 ENV PATH=/opt/rljob/venv/bin:$PATH
+# KubeRay runs `ray start` and its GCS wait in a login shell (`bash -lc`), whose /etc/profile resets PATH.
+RUN echo 'export PATH=/opt/rljob/venv/bin:$PATH' > /etc/profile.d/rljob-venv.sh
 USER 1000
 WORKDIR /home/ray
 CMD ["rljob", "--help"]

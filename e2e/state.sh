@@ -3,7 +3,8 @@
 # processes started by pid, ports, certificates and kubeconfigs. Source it after lib.sh.
 # shellcheck disable=SC2034 # the variables are used by the scripts that source this file
 
-STATE="${RLJOB_E2E_STATE:-/tmp/rljob-e2e}"
+# resolved: the node unmounts what lies under it by its real path (a symlinked path would miss them)
+STATE="$(realpath -m "${RLJOB_E2E_STATE:-/tmp/rljob-e2e}")"
 PKI="${STATE}/pki"
 LOGS="${STATE}/logs"
 PIDS="${STATE}/pids"

@@ -9,11 +9,14 @@ driver Job (the record of how it ended) but releases its pools.
 
 from __future__ import annotations
 
+import posixpath
+import shlex
 from typing import Any
 
 import yaml
 
 from rljob_api import RLJob, derive_worker_configs
+from rljob_api.workercfg import TERMINATION_LOG_ENV
 
 from .names import (
     CONFIG_DIR,
@@ -42,18 +45,40 @@ DRIVER_KINDS = ("Job",)
 # --stop-timeout) and exits; the grace period outlasts that, so Kubernetes' SIGKILL does not cut it short.
 DRIVER_STOP_TIMEOUT_SECONDS = 60
 DRIVER_GRACE_SECONDS = DRIVER_STOP_TIMEOUT_SECONDS + 30
+TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default path, named so the driver is told it
 DRIVER_COMMAND = [
     *("rljob", "run", f"{CONFIG_DIR}/{RLJOB_FILE}", "--cluster", "--resume", "--no-display"),
     *("--stop-timeout", str(DRIVER_STOP_TIMEOUT_SECONDS)),
 ]
-# The driver pod joins the Ray cluster as a node without CPUs or GPUs (so no pool actor lands on it), which
-# lets `ray.init(address="auto")` in `rljob run --cluster` find a local node, then runs the controller.
-DRIVER_SCRIPT = (
-    "set -e\n"
-    'ray start --address="$RAY_ADDRESS" --num-cpus=0 --num-gpus=0'
-    " --resources='{\"rljob.io/driver\": 1}' --disable-usage-stats\n"
-    "exec " + " ".join(DRIVER_COMMAND) + "\n"
-)
+
+
+def run_output_dir(job: RLJob) -> str | None:
+    """Where the driver writes metrics.jsonl and the reward curve: beside the checkpoints on their volume
+    (the checkpoint folder's parent, when that is still on the volume), so they outlive the driver pod and
+    a retried driver's `--resume` continues the same file. None: the pod's own folder."""
+    volume = job.spec.checkpoint.volume
+    if volume is None:
+        return None
+    parent = posixpath.dirname(posixpath.normpath(job.spec.checkpoint.dir))
+    mount = posixpath.normpath(volume.mount_path)
+    return parent if parent == mount or parent.startswith(mount.rstrip("/") + "/") else None
+
+
+def driver_command(job: RLJob) -> list[str]:
+    output = run_output_dir(job)
+    return DRIVER_COMMAND + (["--output", output] if output else [])
+
+
+def driver_script(job: RLJob) -> str:
+    """The driver pod joins the Ray cluster as a node without CPUs or GPUs (so no pool actor lands on it),
+    which lets `ray.init(address="auto")` in `rljob run --cluster` find a local node, then runs the
+    controller."""
+    return (
+        "set -e\n"
+        'ray start --address="$RAY_ADDRESS" --num-cpus=0 --num-gpus=0'
+        " --resources='{\"rljob.io/driver\": 1}' --disable-usage-stats\n"
+        "exec " + shlex.join(driver_command(job)) + "\n"
+    )
 
 
 def rljob_document(job: RLJob) -> str:
@@ -138,12 +163,17 @@ def render_driver(job: RLJob, options: RenderOptions) -> dict[str, Any]:
     main = container(
         job,
         "driver",
-        command=["/bin/sh", "-c", DRIVER_SCRIPT],
+        command=["/bin/sh", "-c", driver_script(job)],
         env=[
             {"name": "RAY_ADDRESS", "value": f"{head_service_name(job)}.{job.metadata.namespace}.svc:6379"},
             {"name": "RLJOB_JOB", "value": job.metadata.name},
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            # its last JobStatus, as the container's termination message (see observe.final_snapshot)
+            {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG},
         ],
+        terminationMessagePath=TERMINATION_LOG,
+        # a driver that dies before writing it leaves the end of its log instead
+        terminationMessagePolicy="FallbackToLogsOnError",
         ports=[
             {"name": "grpc", "containerPort": ports.control},
             {"name": "metrics", "containerPort": ports.metrics},

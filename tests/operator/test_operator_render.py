@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 
-from rljob_api import RLJob, derive_worker_configs, load_rljob, parse_rljob
+from rljob_api import RLJob, VolumeSource, derive_worker_configs, load_rljob, parse_rljob
 from rljob_operator.dump import dump_all
 from rljob_operator.options import Owner, RenderOptions, RewardGroup
-from rljob_operator.render import DRIVER_COMMAND, absent_kinds, render
+from rljob_operator.render import DRIVER_COMMAND, absent_kinds, driver_command, render, run_output_dir
 from rljob_workers.driver.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def gpu_job(**spec_changes: Any) -> RLJob:
     return parse_rljob(doc)
 
 
-@pytest.mark.parametrize("example", ["arithmetic", "gpu-cluster"])
+@pytest.mark.parametrize("example", ["arithmetic", "arithmetic-cluster", "gpu-cluster"])
 def test_golden(example: str) -> None:
     text = dump_all(rendered(load_rljob(REPO / "examples" / f"{example}.yaml")))
     golden = GOLDEN / f"{example}.yaml"
@@ -210,11 +210,12 @@ def test_driver_runs_the_controller_against_the_cluster() -> None:
     driver = one(rendered(job), "Job")
     pod = driver["spec"]["template"]["spec"]
     script = pod["containers"][0]["command"][2]
-    assert script.endswith("exec " + " ".join(DRIVER_COMMAND) + "\n")
+    assert script.endswith("exec " + " ".join(driver_command(job)) + "\n")
     assert DRIVER_COMMAND[:6] == ["rljob", "run", "/etc/rljob/rljob.yaml", "--cluster", "--resume", "--no-display"]
     # The CLI takes the command as rendered, and a deleted pod's SIGTERM has time to leave a checkpoint.
-    args = build_parser().parse_args(DRIVER_COMMAND[1:])
+    args = build_parser().parse_args(driver_command(job)[1:])
     assert args.cluster and args.resume and pod["terminationGracePeriodSeconds"] > args.stop_timeout
+    assert str(args.output) == "/checkpoints"  # metrics.jsonl beside the checkpoints, on their volume
     env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
     assert env["RAY_ADDRESS"] == "qwen-math-grpo-ray-head-svc.research.svc:6379"
     assert pod["restartPolicy"] == "Never"
@@ -278,3 +279,37 @@ def test_system_placement_option() -> None:
     for pod in (head, driver):
         assert pod["nodeSelector"] == {"pool": "cpu"}
         assert pod["tolerations"] == [{"key": "cpu-only", "operator": "Exists"}]
+
+
+@pytest.mark.parametrize(
+    ("folder", "mount", "output"),
+    [
+        ("/runs/job/checkpoints", "/runs", "/runs/job"),
+        ("/runs/job", "/runs/", "/runs"),
+        ("/runs", "/runs", None),  # the parent is off the volume: the pod's own folder
+        ("/runsx/job", "/runs", None),
+        ("checkpoints", "/runs", None),
+    ],
+)
+def test_driver_writes_metrics_beside_the_checkpoints_on_their_volume(
+    folder: str, mount: str, output: str | None
+) -> None:
+    job = gpu_job()
+    spec = job.spec.model_copy(
+        update={
+            "checkpoint": job.spec.checkpoint.model_copy(
+                update={"dir": folder, "volume": VolumeSource(claim_name="runs", mount_path=mount, read_only=False)}
+            )
+        }
+    )
+    assert run_output_dir(job.model_copy(update={"spec": spec})) == output
+    assert (
+        run_output_dir(
+            job.model_copy(
+                update={
+                    "spec": spec.model_copy(update={"checkpoint": spec.checkpoint.model_copy(update={"volume": None})})
+                }
+            )
+        )
+        is None
+    )

@@ -1,0 +1,243 @@
+"""What `make e2e-real` sets up on the e2e cluster's real node before it applies an RLJob: the images,
+the operator installed by its Helm chart into a pod, the worker environment's mount, and the job's
+model, data and run volumes (hostPath PersistentVolumes bound to the claims the example names).
+
+The worker pods run the worker-test image (e2e/images.sh): the full worker image's runtime, whose
+Python environment is a folder on the host mounted read-only at /opt/rljob/venv. KubeRay and the
+operator build those pods, so the mount is added at admission by a MutatingAdmissionPolicy that
+matches the worker-test image, and nothing in the product knows about it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from e2e_cluster import CHART, E2E, REPO, Cluster, wait_for
+
+NODE_SELECTOR = {"rljob.io/e2e-node": "real"}
+TOLERATIONS = [{"key": "rljob.io/e2e-real-node", "operator": "Exists", "effect": "NoSchedule"}]
+ENV_MOUNT = "/opt/rljob/venv"
+WORKER_UID = 1000  # the worker image's user (docker/worker.Dockerfile)
+
+
+def images_env() -> dict[str, str]:
+    """RLJOB_E2E_* of `e2e/images.sh env`: the images' names and archives, the worker environment."""
+    out = subprocess.run(["bash", str(E2E / "images.sh"), "env"], capture_output=True, text=True, check=True)
+    found = {}
+    for word in shlex.split(out.stdout):
+        name, _, value = word.partition("=")
+        if name.startswith("RLJOB_E2E_"):
+            found[name] = value
+    return found
+
+
+def images_missing() -> list[str]:
+    """What `e2e/images.sh check` says is not built (empty: the operator and worker-test images are there)."""
+    out = subprocess.run(["bash", str(E2E / "images.sh"), "check"], capture_output=True, text=True)
+    if out.returncode == 0:
+        return []
+    return [line for line in (out.stdout + out.stderr).splitlines() if line.strip()] or ["e2e/images.sh check failed"]
+
+
+def import_images(cluster: Cluster) -> float:
+    """The operator and worker-test images into the node's containerd; returns the seconds it took."""
+    t0 = time.monotonic()
+    sock = cluster.state / "node" / "containerd" / "containerd.sock"
+    subprocess.run(["bash", str(E2E / "images.sh"), "import", str(sock)], check=True, capture_output=True)
+    return time.monotonic() - t0
+
+
+def worker_env_policy(env_folder: str, image_prefix: str) -> list[dict[str, Any]]:
+    """A MutatingAdmissionPolicy (and its binding) mounting `env_folder` at /opt/rljob/venv, read-only, in
+    every container and init container of a pod that runs the worker-test image."""
+    mount = f'Object.spec.containers.volumeMounts{{name: "rljob-env", mountPath: "{ENV_MOUNT}", readOnly: true}}'
+    uses = f'c.image.startsWith("{image_prefix}")'
+    init_mount = mount.replace("spec.containers", "spec.initContainers")
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicy",
+        "metadata": {"name": "rljob-e2e-worker-env"},
+        "spec": {
+            "matchConstraints": {
+                "resourceRules": [
+                    {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"], "resources": ["pods"]}
+                ]
+            },
+            "matchConditions": [
+                {"name": "worker-test-image", "expression": f"object.spec.containers.exists(c, {uses})"}
+            ],
+            "failurePolicy": "Fail",
+            "reinvocationPolicy": "Never",
+            "mutations": [
+                {
+                    "patchType": "ApplyConfiguration",
+                    "applyConfiguration": {
+                        "expression": (
+                            "Object{spec: Object.spec{"
+                            'volumes: [Object.spec.volumes{name: "rljob-env", hostPath: Object.spec.volumes.hostPath'
+                            f'{{path: "{env_folder}", type: "Directory"}}}}], '
+                            f"containers: object.spec.containers.filter(c, {uses}).map(c, "
+                            f"Object.spec.containers{{name: c.name, volumeMounts: [{mount}]}})}}}}"
+                        )
+                    },
+                },
+                {
+                    "patchType": "ApplyConfiguration",
+                    "applyConfiguration": {
+                        "expression": (
+                            "has(object.spec.initContainers) && object.spec.initContainers.exists(c, "
+                            f"{uses}) ? Object{{spec: Object.spec{{initContainers: object.spec.initContainers"
+                            f".filter(c, {uses}).map(c, Object.spec.initContainers{{name: c.name, "
+                            f"volumeMounts: [{init_mount}]}})}}}} : Object{{}}"
+                        )
+                    },
+                },
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingAdmissionPolicyBinding",
+        "metadata": {"name": "rljob-e2e-worker-env"},
+        "spec": {"policyName": "rljob-e2e-worker-env"},
+    }
+    return [policy, binding]
+
+
+def install_operator(cluster: Cluster, image: str, namespace: str = "rljob-system") -> float:
+    """`helm install` of the chart (its CRD, RBAC and Deployment) with the operator's image, on the real
+    node; waits for the operator's pod to be ready and returns the seconds it took."""
+    repository, _, tag = image.rpartition(":")
+    placement = {"nodeSelector": NODE_SELECTOR, "tolerations": TOLERATIONS}
+    t0 = time.monotonic()
+    subprocess.run(
+        [str(Path(cluster.env["RLJOB_E2E_BIN"]) / "helm"), "install", "rljob", str(CHART),
+         "--namespace", namespace, "--create-namespace", "--wait", "--timeout", "5m",
+         "--set", f"image.repository={repository}", "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never",
+         "--set", "operator.interval=1",
+         "--set-json", f"nodeSelector={json.dumps(NODE_SELECTOR)}",
+         "--set-json", f"tolerations={json.dumps(TOLERATIONS)}",
+         "--set-json", f"systemPlacement={json.dumps(placement)}",
+         # head and driver sized for one 2-core node
+         "--set", "ray.head.cpu=100m", "--set", "ray.head.memory=3Gi",
+         "--set", "driver.cpu=100m", "--set", "driver.memory=3Gi"],
+        env=cluster.env, check=True, capture_output=True, text=True, timeout=330,
+    )  # fmt: skip
+    return time.monotonic() - t0
+
+
+def make_assets(folder: Path) -> None:
+    """The example's model and data, made by the user's own command, world-readable."""
+    subprocess.run(
+        [str(Path(sys.executable).parent / "rljob"), "make-model", "--task", "arithmetic",
+         "--out", str(folder / "models" / "tiny-arith"), "--data", str(folder / "data" / "arithmetic-train.jsonl")],
+        check=True, capture_output=True, text=True,
+    )  # fmt: skip
+    for path in [folder, *folder.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def make_runs_folder(folder: Path) -> None:
+    """Where the pods write checkpoints and metrics: owned by the worker image's user."""
+    folder.mkdir(parents=True)
+    os.chown(folder, WORKER_UID, WORKER_UID)
+
+
+def host_volume(name: str, namespace: str, claim: str, path: Path) -> list[dict[str, Any]]:
+    """A hostPath PersistentVolume on the real node, bound in advance to the claim `claim`, and the claim."""
+    size = {"storage": "1Gi"}
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": name},
+        "spec": {
+            "capacity": size,
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "hostPath": {"path": str(path), "type": "Directory"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+    claim_doc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "volumeName": name,
+            "resources": {"requests": size},
+        },
+    }
+    return [volume, claim_doc]
+
+
+def cluster_job(namespace: str, image: str) -> dict[str, Any]:
+    """examples/arithmetic-cluster.yaml in `namespace`, running `image`, every pool on the real node."""
+    import yaml
+
+    doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "arithmetic-cluster.yaml").read_text())
+    doc["metadata"]["namespace"] = namespace
+    doc["spec"].update(image=image, imagePullPolicy="Never")
+    for pool in ("rollout", "trainer", "reward"):
+        doc["spec"][pool].update(nodeSelector=NODE_SELECTOR, tolerations=TOLERATIONS)
+    return doc
+
+
+def local_job(job: dict[str, Any], assets: Path, output: Path) -> dict[str, Any]:
+    """The same job for `rljob run` on this machine: the volumes' folders as plain paths."""
+    spec = json.loads(json.dumps(job["spec"]))
+    spec["model"] = {"path": str(assets / "models" / "tiny-arith"), "dtype": spec["model"]["dtype"]}
+    spec["data"] = {k: v for k, v in spec["data"].items() if k != "volume"}
+    spec["data"]["path"] = str(assets / "data" / "arithmetic-train.jsonl")
+    spec["checkpoint"] = {"dir": str(output / "checkpoints"), "everySteps": spec["checkpoint"]["everySteps"]}
+    for pool in ("rollout", "trainer", "reward"):
+        spec[pool].pop("nodeSelector", None)
+        spec[pool].pop("tolerations", None)
+    for key in ("image", "imagePullPolicy"):
+        spec.pop(key, None)
+    return {**job, "metadata": {"name": job["metadata"]["name"]}, "spec": spec}
+
+
+def seconds_per_step(metrics: Path) -> tuple[float, list[float]]:
+    """(mean seconds per train step after the first, every step's mean reward) from a run's metrics.jsonl."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    first, last = rows[0], rows[-1]
+    per_step = (last["elapsed_seconds"] - first["elapsed_seconds"]) / max(1, last["step"] - first["step"])
+    return per_step, [r["reward_mean"] for r in rows]
+
+
+def diagnose(cluster: Cluster, namespace: str) -> str:
+    """What a failed run leaves to read: pods, the RLJob, the driver's, operator's and KubeRay's logs."""
+    parts = []
+    for args in (
+        ("get", "pods", "-A", "-o", "wide"),
+        ("get", "rlj", "-n", namespace, "-o", "yaml"),
+        ("describe", "pods", "-n", namespace),
+        ("logs", "-n", namespace, "-l", "rljob.io/component=driver", "--tail=80"),
+        ("logs", "-n", "rljob-system", "deploy/rljob-rljob-operator", "--tail=60"),
+    ):
+        out = cluster.kubectl(*args, check=False)
+        parts.append(f"$ kubectl {' '.join(args)}\n{out.stdout[-6000:]}{out.stderr[-2000:]}")
+    kuberay = cluster.state / "logs" / "kuberay-operator.log"
+    if kuberay.exists():
+        parts.append(f"KubeRay (last lines):\n{kuberay.read_text()[-3000:]}")
+    return "\n".join(parts)
+
+
+def wait_gone(cluster: Cluster, namespace: str, selector: str, kinds: str, timeout: float = 180) -> None:
+    """Wait until no object of `kinds` with the label `selector` is left in the namespace."""
+
+    def gone() -> bool:
+        out = cluster.kubectl("get", kinds, "-n", namespace, "-l", selector, "-o", "name", check=False)
+        return out.returncode == 0 and not out.stdout.strip()
+
+    wait_for(f"{kinds} of {selector} deleted", gone, timeout=timeout, every=1)

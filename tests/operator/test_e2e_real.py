@@ -1,0 +1,167 @@
+"""`kubectl apply -f examples/arithmetic-cluster.yaml` trains for real (`make e2e-real`).
+
+The e2e control plane with KubeRay and one real node (kubelet, containerd, kube-proxy, CoreDNS); the
+operator installed by its Helm chart into a pod from its own image; the RLJob applied with kubectl.
+Its head, three worker groups and driver run as containers of the worker-test image on that node:
+KubeRay starts Ray in them, the driver runs `rljob run --cluster`, the operator reads the driver's
+ControlService through its Service and writes the RLJob's status. The run must reach Succeeded with
+the last five steps' mean reward >= 0.8 (the `make run` bar), leave its checkpoint and metrics on the
+run volume, and `kubectl delete rlj` must leave nothing of it but the user's two claims. The same
+spec then runs with `rljob run` on this machine, for the cost of pods and networking per step.
+
+Skips only where the machine cannot run containers or the images are not built, naming what is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from e2e_cluster import Cluster, missing_binaries, real_node_missing, wait_for
+from e2e_real import (
+    cluster_job,
+    diagnose,
+    host_volume,
+    images_env,
+    images_missing,
+    import_images,
+    install_operator,
+    local_job,
+    make_assets,
+    make_runs_folder,
+    seconds_per_step,
+    wait_gone,
+    worker_env_policy,
+)
+
+_MISSING = missing_binaries() + real_node_missing() + images_missing()
+pytestmark = [
+    pytest.mark.skipif(bool(_MISSING), reason=f"cannot run pods here: missing {'; '.join(_MISSING)}"),
+    pytest.mark.timeout(1800),
+]
+
+NS = "rljob-e2e-real"
+JOB = "arithmetic"
+TIMEOUT = 900  # apply -> Succeeded; about 3 minutes on an idle 2-core machine
+
+
+class Setup:
+    """The cluster with the operator in a pod, and the folders behind the job's volumes."""
+
+    def __init__(self, cluster: Cluster, root: Path, images: dict[str, str]) -> None:
+        self.cluster, self.root, self.images = cluster, root, images
+        self.assets, self.runs = root / "assets", root / "runs"
+        self.times: dict[str, float] = {}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+    root = tmp_path_factory.mktemp("e2e-real")
+    root.chmod(0o755)  # the pods' user reads the volumes below it
+    cluster = Cluster(root / "state")
+    images = images_env()
+    s = Setup(cluster, root, images)
+    try:
+        t0 = time.monotonic()
+        cluster.start(kuberay=True)
+        s.times["control plane + KubeRay"] = time.monotonic() - t0
+        s.times["real node"] = cluster.start_node()
+        s.times["images import"] = import_images(cluster)
+        for doc in worker_env_policy(images["RLJOB_E2E_WORKER_ENV"], images["RLJOB_E2E_WORKER_TEST_IMAGE"]):
+            cluster.apply(doc)
+        s.times["helm install (operator Ready)"] = install_operator(cluster, images["RLJOB_E2E_OPERATOR_IMAGE"])
+        make_assets(s.assets)
+        make_runs_folder(s.runs)
+        cluster.kubectl("create", "namespace", NS)
+        for name, claim, path in (("assets", "rljob-assets", s.assets), ("runs", "rljob-runs", s.runs)):
+            for doc in host_volume(f"{NS}-{name}", NS, claim, path):
+                cluster.apply(doc)
+        s.times["set-up total"] = time.monotonic() - t0
+        yield s
+    finally:
+        cluster.script("clean")
+
+
+def watch(cluster: Cluster, started: float) -> tuple[dict[str, Any], float | None]:
+    """Follow the RLJob's status until it ends, printing each change; returns the last status and the
+    seconds from apply to its first train step."""
+    first_step: float | None = None
+    seen: tuple[Any, ...] = ()
+    status: dict[str, Any] = {}
+    deadline = started + TIMEOUT
+    while time.monotonic() < deadline:
+        job = cluster.get("rlj", JOB, NS) or {}
+        status = job.get("status", {})
+        now = time.monotonic() - started
+        if first_step is None and status.get("step", 0) >= 1:
+            first_step = now
+        shown = (status.get("phase"), status.get("step"), status.get("message"))
+        if shown != seen:
+            reward = (status.get("reward") or {}).get("mean")
+            print(f"{now:6.1f}s  phase {shown[0]}  step {shown[1]}  reward {reward}  {shown[2] or ''}", flush=True)
+            seen = shown
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return status, first_step
+        time.sleep(1)
+    return status, first_step
+
+
+def test_apply_trains_to_succeeded_and_delete_leaves_nothing(setup: Setup) -> None:
+    cluster = setup.cluster
+    job = cluster_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"])
+    started = time.monotonic()
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
+    status, first_step = watch(cluster, started)
+    took = time.monotonic() - started
+    assert status.get("phase") == "Succeeded", f"the run ended {status.get('phase')}:\n{diagnose(cluster, NS)}"
+    final_line = cluster.kubectl("get", "rlj", JOB, "-n", NS).stdout
+
+    # the run's own record, on the run volume: 100 steps, learned, and its checkpoint
+    output = setup.runs / JOB
+    cluster_step, rewards = seconds_per_step(output / "metrics.jsonl")
+    assert len(rewards) == job["spec"]["algorithm"]["totalSteps"]
+    assert rewards[0] <= 0.2 and statistics.mean(rewards[-5:]) >= 0.8, rewards
+    # the RLJob's status ends where the run ended (the driver pod's termination message), not at the last poll
+    assert status.get("step") == len(rewards) and status["reward"]["mean"] == rewards[-1], status
+    latest = output / "checkpoints" / "latest"
+    final_checkpoint = output / "checkpoints" / latest.read_text().strip()
+    assert json.loads((final_checkpoint / "state.json").read_text())["step"] == len(rewards), final_checkpoint
+    driver_log = cluster.kubectl("logs", "-n", NS, f"job/{JOB}-driver").stdout
+    assert f"step {job['spec']['algorithm']['totalSteps']}/" in driver_log, driver_log[-3000:]
+
+    # kubectl delete: every child goes (pods, services, the driver Job, ConfigMap, RBAC, RayCluster)
+    cluster.kubectl("delete", "rlj", JOB, "-n", NS, "--wait=true", "--timeout=120s")
+    selector = f"rljob.io/job={JOB}"
+    wait_gone(cluster, NS, selector, "pods,services,jobs,configmaps,serviceaccounts,roles,rolebindings,rayclusters")
+    wait_for("no pod in the namespace", lambda: not cluster.kubectl("get", "pods", "-n", NS, "-o", "name").stdout)
+    services = cluster.kubectl("get", "services", "-n", NS, "-o", "name").stdout
+    claims = cluster.kubectl("get", "pvc", "-n", NS, "-o", "name").stdout.split()
+    assert not services.strip(), services
+    assert sorted(claims) == ["persistentvolumeclaim/rljob-assets", "persistentvolumeclaim/rljob-runs"], claims
+    assert (final_checkpoint / "state.json").exists(), "the checkpoint outlives the job, on the user's volume"
+
+    # the same spec with `rljob run` on this machine, now idle again
+    local_output = setup.root / "local"
+    local_file = setup.root / "local.yaml"
+    local_file.write_text(yaml.safe_dump(local_job(job, setup.assets, local_output)))
+    rljob = Path(sys.executable).parent / "rljob"
+    subprocess.run(
+        [str(rljob), "run", str(local_file), "--output", str(local_output), "--no-display"],
+        check=True, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    local_step, local_rewards = seconds_per_step(local_output / "metrics.jsonl")
+    print(f"\nset-up: {json.dumps({k: round(v, 1) for k, v in setup.times.items()})}")
+    print(f"kubectl apply -> first train step {first_step:.1f}s, -> Succeeded {took:.1f}s")
+    print(
+        f"s/step: cluster {cluster_step:.3f}, rljob run {local_step:.3f}, ratio {cluster_step / local_step:.2f} "
+        f"(last-5 reward: cluster {statistics.mean(rewards[-5:]):.3f}, local {statistics.mean(local_rewards[-5:]):.3f})"
+    )
+    print(f"final status:\n{final_line}")
