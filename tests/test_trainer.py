@@ -1,9 +1,13 @@
-"""The trainer rank: a GRPO step moves log-probs the right way, DDP equals one process, checkpoints round-trip."""
+"""The trainer rank: a GRPO step moves log-probs the right way, DDP equals one process (metrics and
+unequal shards too), checkpoints round-trip."""
 
 from __future__ import annotations
 
 import json
 import multiprocessing
+import socket
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -13,7 +17,13 @@ from rljob_api import AlgorithmSpec, CheckpointSpec, WeightSyncSpec
 from rljob_api.workercfg import TrainerWorkerConfig
 from rljob_workers.trainer import checkpoint
 from rljob_workers.trainer.grpo import token_logprobs
-from rljob_workers.trainer.policy import PolicyTrainer, TrainSample, collate
+from rljob_workers.trainer.policy import (
+    PolicyTrainer,
+    TrainSample,
+    collate,
+    combine_rank_metrics,
+    largest_part_sizes,
+)
 
 from tiny_models import char_llama
 
@@ -23,7 +33,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return char_llama(tmp_path_factory.mktemp("policy"))
 
 
-def config(model_dir: Path, **algorithm: object) -> TrainerWorkerConfig:
+def config(model_dir: Path, micro_batch_size: int = 2, **algorithm: object) -> TrainerWorkerConfig:
     algo = AlgorithmSpec.model_validate({"learningRate": 1e-2, "promptsPerStep": 2, **algorithm})
     return TrainerWorkerConfig(
         model_path=str(model_dir),
@@ -33,23 +43,32 @@ def config(model_dir: Path, **algorithm: object) -> TrainerWorkerConfig:
         strategy="ddp",
         world_size=1,
         gpus_per_node=0,
-        micro_batch_size=2,
+        micro_batch_size=micro_batch_size,
         gradient_checkpointing=False,
         checkpoint=CheckpointSpec(),
         weight_sync=WeightSyncSpec(),
     )
 
 
-def samples_for(trainer: PolicyTrainer) -> list[TrainSample]:
-    """Two completions of one prompt, with their true behaviour log-probs; the first is rewarded."""
+COMPLETIONS = [[13, 14, 2], [15, 16, 17, 2], [18, 19, 20, 21, 2], [22, 2], [23, 24, 25, 2]]
+ADVANTAGES = [1.0, -1.0, 0.5, -0.5, 1.5]
+
+
+def samples_for(trainer: PolicyTrainer, count: int = 2, off_policy: float = 0.0) -> list[TrainSample]:
+    """`count` completions of one prompt, the first rewarded, the second punished; their behaviour
+    log-probs are the policy's own, each token shifted by +-`off_policy` in turn (so some ratios clip)."""
     prompt = [1, 10, 11, 12]
-    completions = [[13, 14, 2], [15, 16, 17, 2]]
     out = []
-    for advantage, completion in zip((1.0, -1.0), completions, strict=True):
+    for advantage, completion in zip(ADVANTAGES[:count], COMPLETIONS[:count], strict=True):
         sample = TrainSample(prompt, completion, [0.0] * len(completion), advantage)
-        sample.behaviour_logprobs = sequence_logprobs(trainer, sample).tolist()
+        own = sequence_logprobs(trainer, sample).tolist()
+        sample.behaviour_logprobs = [lp + off_policy * (-1) ** i for i, lp in enumerate(own)]
         out.append(sample)
     return out
+
+
+def completion_tokens(samples: list[TrainSample]) -> int:
+    return sum(len(s.token_ids) for s in samples)
 
 
 def sequence_logprobs(trainer: PolicyTrainer, sample: TrainSample) -> torch.Tensor:
@@ -82,35 +101,96 @@ def test_step_raises_the_rewarded_and_lowers_the_punished_completion(model_dir):
     assert metrics["grad_norm"] > 0
 
 
-def _ddp_rank(rank: int, model_dir: str, port: int, out: str) -> None:
-    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    trainer = PolicyTrainer(config(Path(model_dir)), torch.device("cpu"), world_size=2)
-    samples = samples_for(trainer)
-    trainer.train_step(samples[rank::2], total_samples=2, total_tokens=7)
-    if rank == 0:
-        torch.save(dict(trainer.named_weights()), out)
+RANKS_TIMEOUT_SECONDS = 150.0
+
+
+def _rank_main(rank: int, model_dir: str, port: int, out: str, count: int, micro: int, off_policy: float) -> None:
+    # A short collective timeout: ranks whose collectives do not pair up fail instead of waiting 30 minutes.
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
+    )
+    trainer = PolicyTrainer(config(Path(model_dir), micro), torch.device("cpu"), world_size=2)
+    samples = samples_for(trainer, count, off_policy)
+    metrics = trainer.train_step(samples[rank::2], total_samples=count, total_tokens=completion_tokens(samples))
+    torch.save({"metrics": metrics, "weights": dict(trainer.named_weights())}, f"{out}/rank{rank}.pt")
+    torch.distributed.barrier()  # ranks live on after a step, as Ray actors do: one short of collectives waits
     torch.distributed.destroy_process_group()
+
+
+def run_two_ranks(model_dir: Path, out: Path, count: int, micro: int = 2, off_policy: float = 0.0) -> list[dict]:
+    """One train step of `count` samples sharded over 2 gloo ranks (spawned processes): each rank's
+    metrics and weights. A rank still running after the timeout fails the test rather than blocking it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = multiprocessing.get_context("spawn")
+    args = (str(model_dir), port, str(out), count, micro, off_policy)
+    procs = [ctx.Process(target=_rank_main, args=(rank, *args)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    deadline = time.monotonic() + RANKS_TIMEOUT_SECONDS
+    for p in procs:
+        p.join(max(deadline - time.monotonic(), 0.0))
+    hung = [rank for rank, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    assert not hung, f"ranks {hung} still running after {RANKS_TIMEOUT_SECONDS}s"
+    assert [p.exitcode for p in procs] == [0, 0]
+    return [torch.load(out / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
+
+
+def assert_same_weights(ranks: list[dict], single: PolicyTrainer) -> None:
+    # Adam's first step moves every weight by about lr * sign(grad), and rounding in a near-zero
+    # gradient can shift that a little (2.5e-4 seen); a missed or unpaired step is off by ~lr = 1e-2.
+    for name, param in single.named_weights():
+        for rank, result in enumerate(ranks):
+            torch.testing.assert_close(result["weights"][name], param, rtol=1e-4, atol=1e-3, msg=f"rank {rank}: {name}")
 
 
 def test_ddp_over_two_ranks_equals_one_process(model_dir, tmp_path):
     single = PolicyTrainer(config(model_dir), torch.device("cpu"))
     single.train_step(samples_for(single), total_samples=2, total_tokens=7)
-    import socket
+    assert_same_weights(run_two_ranks(model_dir, tmp_path, count=2), single)
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    out = tmp_path / "ddp.pt"
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_ddp_rank, args=(r, str(model_dir), port, str(out))) for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-        assert p.exitcode == 0
-    ddp = torch.load(out, weights_only=True)
-    for name, param in single.named_weights():
-        torch.testing.assert_close(ddp[name], param, rtol=1e-4, atol=1e-6)
+
+def test_metrics_combined_over_two_ranks_equal_one_process(model_dir, tmp_path):
+    # Each rank weights its micro-batches by the whole batch's tokens, so rank 0's figures alone
+    # were about half the truth.
+    single = PolicyTrainer(config(model_dir, micro_batch_size=1), torch.device("cpu"))
+    samples = samples_for(single, count=4, off_policy=0.3)
+    expected = single.train_step(samples, total_samples=4, total_tokens=completion_tokens(samples))
+    ranks = run_two_ranks(model_dir, tmp_path, count=4, micro=1, off_policy=0.3)
+    combined = combine_rank_metrics([r["metrics"] for r in ranks])
+    assert 0 < expected["clip_fraction"] < 1 and expected["ratio_mean"] != pytest.approx(1.0)
+    assert combined == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("count", [5, 1], ids=["uneven-shards", "a-rank-without-samples"])
+def test_unequal_shards_finish_and_equal_one_process(model_dir, tmp_path, count):
+    # Ranks with fewer samples ran fewer micro-batches, so their DDP all-reduces did not pair up.
+    single = PolicyTrainer(config(model_dir, micro_batch_size=1), torch.device("cpu"))
+    samples = samples_for(single, count)
+    expected = single.train_step(samples, total_samples=count, total_tokens=completion_tokens(samples))
+    ranks = run_two_ranks(model_dir, tmp_path, count=count, micro=1)
+    assert_same_weights(ranks, single)
+    assert combine_rank_metrics([r["metrics"] for r in ranks]) == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
+def test_every_rank_runs_as_many_micro_batches_as_the_largest_share():
+    # Shards samples[rank::2], mini-batches shard[m::minis]: rank 0's share is the largest.
+    assert largest_part_sizes(5, world_size=2, mini_batches=1) == [3]
+    assert largest_part_sizes(5, world_size=2, mini_batches=2) == [2, 1]
+    assert largest_part_sizes(1, world_size=2, mini_batches=2) == [1, 0]
+    assert largest_part_sizes(8, world_size=4, mini_batches=3) == [1, 1, 0]
+
+
+def test_a_share_larger_than_the_batch_allows_is_refused(model_dir):
+    # Its extra micro-batches would have no partner on the other ranks: a hang, not an error.
+    trainer = PolicyTrainer(config(model_dir), torch.device("cpu"))
+    with pytest.raises(ValueError, match="2 samples on one rank"):
+        trainer.train_step(samples_for(trainer), total_samples=1, total_tokens=7)
 
 
 def test_checkpoint_round_trip_and_latest_pointer(model_dir, tmp_path):

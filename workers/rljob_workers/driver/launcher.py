@@ -14,7 +14,7 @@ import ray
 from rljob.v1 import rollout_service_pb2
 from rljob_api.workercfg import Pool, WorkerConfigs, pool_resource
 from rljob_workers.driver.actors import RewardActor, RolloutActor, TrainerActor
-from rljob_workers.trainer.policy import TrainSample
+from rljob_workers.trainer.policy import TrainSample, combine_rank_metrics
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class RayTrainer:
         results = await asyncio.gather(
             *(a.train_step.remote(s, len(samples), tokens) for a, s in zip(self.actors, shards, strict=True))
         )
-        return dict(results[0])
+        return combine_rank_metrics(results)
 
     async def publish(self, version: int, broadcast: bool = False) -> None:
         await asyncio.gather(*(a.publish.remote(version, broadcast) for a in self.actors))

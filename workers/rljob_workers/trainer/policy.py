@@ -7,7 +7,7 @@ up by the caller). Math lives in `grpo.py`; this file only batches and steps.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -51,6 +51,29 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     batch = {"input_ids": input_ids, "attention_mask": attention, "mask": mask, "behaviour": behaviour}
     return {k: v.to(device) for k, v in {**batch, "advantages": advantages}.items()}
+
+
+def combine_rank_metrics(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """The train step's metrics over all ranks, from each rank's `train_step` result.
+
+    Every rank weights its figures by the whole batch, so they add up; `grad_norm` is the norm
+    of the already reduced gradients, the same on every rank, so it is taken once.
+    """
+    names = dict.fromkeys(name for metrics in per_rank for name in metrics)
+    combined = {name: sum(metrics.get(name, 0.0) for metrics in per_rank) for name in names}
+    if "grad_norm" in combined:
+        combined["grad_norm"] = per_rank[0]["grad_norm"]
+    return combined
+
+
+def largest_part_sizes(total_samples: int, world_size: int, mini_batches: int) -> list[int]:
+    """Samples in each mini-batch of the largest rank's share of the batch.
+
+    Shards are `samples[rank::world]`, so rank 0's, ceil(N/W), is the largest, and part m of a
+    shard of S samples (`shard[m::mini_batches]`) has ceil((S - m) / mini_batches).
+    """
+    largest = -(-total_samples // world_size)
+    return [max(-(-(largest - mini) // mini_batches), 0) for mini in range(mini_batches)]
 
 
 class PolicyTrainer:
@@ -121,24 +144,41 @@ class PolicyTrainer:
 
         `total_samples`/`total_tokens` count the whole batch over all ranks, so each
         micro-batch's loss is weighted exactly as if the batch were one (DDP then averages
-        gradients over ranks, hence the world-size factor).
+        gradients over ranks, hence the world-size factor). Every backward is a collective, so
+        every rank runs as many micro-batches as the largest share; one short of samples makes
+        up the count with zero-weight padding micro-batches.
         """
+        if len(samples) > -(-total_samples // self.world_size):
+            raise ValueError(f"{len(samples)} samples on one rank of {self.world_size} for a batch of {total_samples}")
         self.model.train()
         sums: dict[str, float] = {}
-        minis = self.algo.mini_batches
-        for mini in range(minis):
+        minis, micro_size = self.algo.mini_batches, self.config.micro_batch_size
+        scale_samples = total_samples / minis
+        scale_tokens = max(total_tokens / minis, 1.0)
+        for mini, largest in enumerate(largest_part_sizes(total_samples, self.world_size, minis)):
             part = list(samples[mini::minis])
-            scale_samples = total_samples / minis
-            scale_tokens = max(total_tokens / minis, 1.0)
             self.optimizer.zero_grad(set_to_none=True)
-            for start in range(0, max(len(part), 1), self.config.micro_batch_size):
-                micro = part[start : start + self.config.micro_batch_size]
+            for start in range(0, largest, micro_size):
+                micro = part[start : start + micro_size]
                 if micro:
                     self._accumulate(micro, scale_samples, scale_tokens, sums)
+                else:
+                    self._accumulate_padding()
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + self._clip_and_step()
         return {k: v / minis for k, v in sums.items()}
 
-    def _accumulate(self, micro: list[TrainSample], per_samples: float, per_tokens: float, sums: dict) -> None:
+    def _accumulate_padding(self) -> None:
+        """A forward/backward of weight 0, so that this rank joins the other ranks' collectives.
+
+        One pad token as the completion, advantage 0: its loss is finite (a NaN times 0 would
+        still poison the all-reduce) and cheap; its metrics are dropped.
+        """
+        padding = TrainSample([self.pad_id], [self.pad_id], [0.0], 0.0)
+        self._accumulate([padding], 1.0, 1.0, {}, weight_scale=0.0)
+
+    def _accumulate(
+        self, micro: list[TrainSample], per_samples: float, per_tokens: float, sums: dict, weight_scale: float = 1.0
+    ) -> None:
         batch = collate(micro, self.pad_id, self.device)
         logprobs = self._logprobs(self.model, batch)
         ref = None
@@ -160,6 +200,7 @@ class PolicyTrainer:
             weight = float(batch["mask"].sum()) / per_tokens
         else:
             weight = len(micro) / per_samples
+        weight *= weight_scale
         (loss * weight * self.world_size).backward()
         for name, value in metrics.items():
             sums[name] = sums.get(name, 0.0) + float(value) * weight
