@@ -1,14 +1,17 @@
 """The fault suite on the shipped example's model: a rollout replica, a reward replica and a
 trainer rank killed (SIGKILL of their processes) at random steps of one `rljob run`, which must
-finish with no prompt lost or trained twice (benchmarks/faults/run.py, run short)."""
+finish with no prompt lost or trained twice and no sample scored twice (benchmarks/faults/run.py, run
+short); the ledger's check itself is tested on a doctored metrics.jsonl."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import random
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -45,4 +48,26 @@ def test_three_kills_at_random_steps_are_survived(tmp_path: Path, capsys: pytest
     assert rc == 0, out
     assert "3 faults injected; run finished" in out
     rows = [line for line in out.splitlines() if line.startswith("| ") and " killed |" in line]
-    assert len(rows) == 3 and all(row.endswith("| 0 | 0 | finished |") for row in rows), rows
+    assert len(rows) == 3 and all(row.endswith("| 0 | 0 | 0 | finished |") for row in rows), rows
+
+
+def test_the_ledger_finds_a_sample_scored_twice_and_a_prompt_lost_or_trained_twice(tmp_path: Path) -> None:
+    counts = {"generated": 8, "scored": 8, "trained": 8, "discarded_stale": 0, "excluded_reward_error": 0}
+    rows = [
+        {"prompt_ids": ["a"], "counts": counts},
+        {"prompt_ids": ["b"], "counts": dict(counts, generated=16, scored=16, trained=16)},
+    ]
+    metrics = tmp_path / "metrics.jsonl"
+
+    def write(rows: list[dict[str, Any]]) -> None:
+        metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write(rows)
+    books = _bench().ledger(metrics, 2, 1)
+    assert (books.prompts_lost, books.trained_twice, books.scored_twice) == (0, 0, 0)
+    # a re-sent sample whose second answer was counted too; a prompt trained again; one never trained
+    rows[1]["counts"] = dict(counts, generated=16, scored=17, trained=16)
+    rows[1]["prompt_ids"] = ["a"]
+    write(rows)
+    books = _bench().ledger(metrics, 2, 1)
+    assert (books.prompts_lost, books.trained_twice, books.scored_twice) == (1, 1, 1)

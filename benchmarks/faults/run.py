@@ -105,11 +105,28 @@ def recovery(log: str, kill: Kill) -> tuple[float, float]:
     return detect, (_stamp(back) - kill.at if back else float("nan"))
 
 
-def ledger(metrics: Path, steps: int, per_step: int) -> tuple[list[dict[str, Any]], int, int]:
-    """The steps' records, prompts lost (never trained) and prompts trained twice."""
+@dataclass
+class Ledger:
+    """What the run's own metrics.jsonl says it did with its prompts and samples."""
+
+    records: list[dict[str, Any]]
+    prompts_lost: int  # never trained
+    trained_twice: int  # prompts
+    scored_twice: int  # samples: scores counted beyond the samples generated (re-sent samples counted again)
+
+
+def ledger(metrics: Path, steps: int, per_step: int) -> Ledger:
+    """Read the ledger. Every generated sample is scored (or excluded) at most once, and trained or set
+    aside only once scored: at every step, scored + excluded <= generated and trained + stale <= scored;
+    any excess is a sample counted twice."""
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     trained = [p for r in records for p in r["prompt_ids"]]
-    return records, steps * per_step - len(set(trained)), len(trained) - len(set(trained))
+    excess = 0
+    for r in records:
+        c = r["counts"]
+        excess = max(excess, c["scored"] + c["excluded_reward_error"] - c["generated"])
+        excess = max(excess, c["trained"] + c["discarded_stale"] - c["scored"])
+    return Ledger(records, steps * per_step - len(set(trained)), len(trained) - len(set(trained)), excess)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,18 +143,21 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         started = time.monotonic()
         rc, log = run_with_kills(work, job_file(work, args.steps, args.model, args.data), kills)
-        records, lost, duplicated = ledger(work / "out" / "metrics.jsonl", args.steps, 16)
-    outcome = "finished" if rc == 0 and len(records) == args.steps else f"exit {rc}"
+        books = ledger(work / "out" / "metrics.jsonl", args.steps, 16)
+    outcome = "finished" if rc == 0 and len(books.records) == args.steps else f"exit {rc}"
     print(f"\n{len(kills)} faults injected; run {outcome} in {time.monotonic() - started:.0f}s\n")
-    print("| fault | injected at step | time to detect | time to recover | prompts lost | trained twice | outcome |")
-    print("|---|---|---|---|---|---|---|")
+    print("| fault | injected at step | time to detect | time to recover | prompts lost | trained twice "
+          "| scored twice | outcome |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for kill in kills:
         detect, recover = recovery(log, kill)
         times = f"{detect:.1f} s | {recover:.1f} s"
-        print(f"| {kill.pool} killed | {kill.step} | {times} | {lost} | {duplicated} | {outcome} |")
-    rewards = [r["reward_mean"] for r in records]
+        counts = f"{books.prompts_lost} | {books.trained_twice} | {books.scored_twice}"
+        print(f"| {kill.pool} killed | {kill.step} | {times} | {counts} | {outcome} |")
+    rewards = [r["reward_mean"] for r in books.records]
     print(f"\nreward: step 1 {rewards[0]:.3f}, last 5 steps {sum(rewards[-5:]) / 5:.3f}")
-    return 0 if rc == 0 and lost == duplicated == 0 else 1
+    clean = books.prompts_lost == books.trained_twice == books.scored_twice == 0
+    return 0 if rc == 0 and clean else 1
 
 
 if __name__ == "__main__":
