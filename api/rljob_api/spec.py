@@ -35,7 +35,12 @@ class ModelSpec(Model):
         max_length=4096,
     )
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Parameter dtype; auto is bfloat16 on GPU and float32 on CPU."
+        "auto",
+        description=(
+            "Compute dtype: the trainer's forward and backward and the weights the rollout engines load and "
+            "receive (the trainer's master weights, optimizer state and checkpoints stay float32); auto is "
+            "bfloat16 on GPU and float32 on CPU."
+        ),
     )
     volume: VolumeSource | None = Field(None, description="Volume holding the model, mounted at volume.mountPath.")
 

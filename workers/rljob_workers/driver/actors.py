@@ -191,7 +191,7 @@ class TrainerActor:
 
         directory = checkpoint.step_dir(Path(root), step)
         # Every rank takes part in gathering the full weights (FSDP); rank 0 writes them.
-        weights = await asyncio.to_thread(lambda: dict(self.trainer.named_weights()))
+        weights = await asyncio.to_thread(lambda: dict(self.trainer.master_weights()))
         if self.rank == 0:
             directory.mkdir(parents=True, exist_ok=True)
             await asyncio.to_thread(self.trainer.save, directory, weights)

@@ -90,23 +90,26 @@ class PolicyTrainer:
         self.algo = config.algorithm
         self.device = device
         self.world_size = world_size
-        dtype = resolve_dtype(config.dtype, device)
+        # Mixed precision: fp32 master weights and optimizer state (an update of lr 1e-6 rounds away in a
+        # bf16 weight), the spec's dtype for compute and for the weights the rollout engines load.
+        self.compute_dtype = resolve_dtype(config.dtype, device)
         torch.manual_seed(self.algo.seed)
 
-        def load(path: str) -> Any:
+        def load(path: str, dtype: torch.dtype) -> Any:
             loaded: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)
             loaded.to(device)
             return loaded
 
-        model = load(resume_from or config.model_path)
+        model = load(resume_from or config.model_path, torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(config.model_path, local_files_only=True)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.tokenizer = tokenizer
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.reference = None
-        if self.algo.kl_coef > 0:
-            self.reference = self._frozen_copy(load(config.model_path) if resume_from else model)
+        if self.algo.kl_coef > 0:  # frozen: the compute dtype is enough
+            self.reference = self._frozen_copy(load(config.model_path, self.compute_dtype) if resume_from else model)
+            self.reference.to(self.compute_dtype)
         self.policy = model
         self.model = self._wrap(model)
         self.optimizer = torch.optim.AdamW(
@@ -124,19 +127,28 @@ class PolicyTrainer:
         if self.world_size == 1:
             return model
         if self.config.strategy == "fsdp":
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+            # FSDP casts the fp32 shards to the compute dtype for forward and backward, and reduces in fp32
+            precision = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
             for layer in getattr(getattr(model, "model", model), "layers", []):
-                fully_shard(layer)
-            fully_shard(model)
+                fully_shard(layer, mp_policy=precision)
+            fully_shard(model, mp_policy=precision)
             return model
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.device.index] if self.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids)
 
+    @property
+    def _sharded(self) -> bool:
+        return self.world_size > 1 and self.config.strategy == "fsdp"
+
     def _logprobs(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        # autocast runs the fp32 masters in the compute dtype (FSDP casts them itself); token_logprobs works in fp32
+        cast = self.compute_dtype != torch.float32 and not self._sharded
+        with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=cast):
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         return token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:], self.config.temperature)
 
     def train_step(self, samples: Sequence[TrainSample], total_samples: int, total_tokens: int) -> dict[str, float]:
@@ -213,8 +225,13 @@ class PolicyTrainer:
         return norm
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """The full policy parameters by name, as the rollout engines load them."""
-        if self.world_size > 1 and self.config.strategy == "fsdp":
+        """The full policy parameters by name, in the compute dtype the rollout engines load."""
+        for name, weight in self.master_weights():
+            yield name, weight.to(self.compute_dtype)
+
+    def master_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """The full fp32 master parameters by name (what a checkpoint keeps); every rank takes part (FSDP)."""
+        if self._sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             full = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -227,7 +244,7 @@ class PolicyTrainer:
     def save(self, directory: Path, weights: dict[str, Tensor]) -> None:
         """Write the policy (a loadable transformers model directory) and the optimizer state.
 
-        `weights` is `dict(named_weights())`, gathered by every rank beforehand."""
+        `weights` is `dict(master_weights())`, gathered by every rank beforehand."""
         policy: Any = self.policy
         policy.save_pretrained(directory / "model", state_dict=weights)
         self.tokenizer.save_pretrained(directory / "model")
