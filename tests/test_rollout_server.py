@@ -190,4 +190,25 @@ def test_update_weights_by_broadcast_over_gloo(model_dir: Path) -> None:
     assert serving == 4
 
 
+def test_joining_an_nccl_group_with_weights_on_the_cpu_is_refused_naming_both(model_dir: Path) -> None:
+    async def body() -> grpc.aio.AioRpcError:
+        server, servicer = await serve_rollout(rollout_config(model_dir))  # the hf engine, on the CPU
+        try:
+            async with channel(f"127.0.0.1:{server.port}") as ch:
+                join = pb.JoinWeightGroupRequest(
+                    group_id="g", master_address="127.0.0.1", master_port=1, rank=1, world_size=2,
+                    backend=pb.WEIGHT_BACKEND_NCCL, timeout_seconds=30,
+                )  # fmt: skip
+                with pytest.raises(grpc.aio.AioRpcError) as refused:
+                    await pb_grpc.RolloutServiceStub(ch).JoinWeightGroup(join, timeout=10)
+            return refused.value
+        finally:
+            await server.stop(None)
+            await servicer.close()
+
+    error = run(body())
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "backend 'nccl' carries cuda buckets, but these are on cpu" in str(error.details())
+
+
 # --- vllm and sglang ------------------------------------------------------------------------

@@ -104,12 +104,15 @@ def test_step_raises_the_rewarded_and_lowers_the_punished_completion(model_dir):
 RANKS_TIMEOUT_SECONDS = 150.0
 
 
-def _rank_main(rank: int, model_dir: str, port: int, out: str, count: int, micro: int, off_policy: float) -> None:
+def _rank_main(
+    rank: int, model_dir: str, port: int, out: str, count: int, micro: int, off_policy: float, strategy: str
+) -> None:
     # A short collective timeout: ranks whose collectives do not pair up fail instead of waiting 30 minutes.
     torch.distributed.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
     )
-    trainer = PolicyTrainer(config(Path(model_dir), micro), torch.device("cpu"), world_size=2)
+    cfg = config(Path(model_dir), micro).model_copy(update={"strategy": strategy})
+    trainer = PolicyTrainer(cfg, torch.device("cpu"), world_size=2)
     samples = samples_for(trainer, count, off_policy)
     metrics = trainer.train_step(samples[rank::2], total_samples=count, total_tokens=completion_tokens(samples))
     torch.save({"metrics": metrics, "weights": dict(trainer.named_weights())}, f"{out}/rank{rank}.pt")
@@ -117,14 +120,17 @@ def _rank_main(rank: int, model_dir: str, port: int, out: str, count: int, micro
     torch.distributed.destroy_process_group()
 
 
-def run_two_ranks(model_dir: Path, out: Path, count: int, micro: int = 2, off_policy: float = 0.0) -> list[dict]:
+def run_two_ranks(
+    model_dir: Path, out: Path, count: int, micro: int = 2, off_policy: float = 0.0, strategy: str = "ddp"
+) -> list[dict]:
     """One train step of `count` samples sharded over 2 gloo ranks (spawned processes): each rank's
     metrics and weights. A rank still running after the timeout fails the test rather than blocking it."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    out.mkdir(parents=True, exist_ok=True)
     ctx = multiprocessing.get_context("spawn")
-    args = (str(model_dir), port, str(out), count, micro, off_policy)
+    args = (str(model_dir), port, str(out), count, micro, off_policy, strategy)
     procs = [ctx.Process(target=_rank_main, args=(rank, *args)) for rank in range(2)]
     for p in procs:
         p.start()
@@ -153,6 +159,24 @@ def test_ddp_over_two_ranks_equals_one_process(model_dir, tmp_path):
     single = PolicyTrainer(config(model_dir), torch.device("cpu"))
     single.train_step(samples_for(single), total_samples=2, total_tokens=7)
     assert_same_weights(run_two_ranks(model_dir, tmp_path, count=2), single)
+
+
+def test_fsdp_over_two_ranks_equals_ddp_and_one_process(model_dir, tmp_path):
+    # Sharded parameters (fully_shard per decoder layer and the whole model), reduce-scattered
+    # gradients, the full weights gathered for publishing: the same step as DDP and one process.
+    single = PolicyTrainer(config(model_dir, micro_batch_size=1), torch.device("cpu"))
+    samples = samples_for(single, count=4, off_policy=0.3)
+    expected = single.train_step(samples, total_samples=4, total_tokens=completion_tokens(samples))
+    fsdp = run_two_ranks(model_dir, tmp_path / "fsdp", count=4, micro=1, off_policy=0.3, strategy="fsdp")
+    ddp = run_two_ranks(model_dir, tmp_path / "ddp", count=4, micro=1, off_policy=0.3)
+    # the full weights are gathered onto rank 0, which publishes and checkpoints them
+    assert len(fsdp[0]["weights"]) == len(dict(single.named_weights()))
+    assert_same_weights(fsdp[:1], single)
+    assert_same_weights(ddp[:1], single)
+    for name, weight in ddp[0]["weights"].items():
+        torch.testing.assert_close(fsdp[0]["weights"][name], weight, rtol=1e-4, atol=1e-3, msg=name)
+    for result in (fsdp, ddp):
+        assert combine_rank_metrics([r["metrics"] for r in result]) == pytest.approx(expected, rel=1e-4, abs=1e-6)
 
 
 def test_metrics_combined_over_two_ranks_equal_one_process(model_dir, tmp_path):

@@ -31,6 +31,7 @@ from rljob_workers.weights import (
     receive_broadcast,
     to_proto,
 )
+from rljob_workers.weights.group import bucket_device
 
 
 def _receiver(port: int, phases: list[tuple[str, int, int, int, list[bytes]]], results: mp.Queue) -> None:
@@ -149,6 +150,26 @@ def test_a_group_of_one_and_its_errors():
         WeightGroup.create("g", "127.0.0.1", 1, 2, 2)
     with pytest.raises(ValueError, match="backend"):
         WeightGroup.from_request(pb.JoinWeightGroupRequest(group_id="g", rank=1, world_size=2))
+
+
+def test_buckets_live_on_the_device_their_backend_moves():
+    # NCCL carries CUDA tensors (a publisher's CPU buckets failed the first broadcast: "Tensors must be
+    # CUDA and dense"); gloo CPU ones, so CUDA weights are staged through host memory
+    assert bucket_device("nccl", "cuda:1") == torch.device("cuda", 1)
+    assert bucket_device("gloo", "cuda:0") == torch.device("cpu")
+    assert bucket_device("gloo", "cpu") == torch.device("cpu")
+    with pytest.raises(ValueError, match=r"backend 'nccl' carries cuda buckets, but these are on cpu: use gloo"):
+        bucket_device("nccl", "cpu")
+
+
+def test_a_wrong_pairing_is_refused_before_any_member_connects():
+    started = time.monotonic()
+    # nothing listens on port 1: a group that tried to form would wait out its timeout
+    with pytest.raises(ValueError, match=r"'nccl' carries cuda buckets, but these are on cpu"):
+        WeightGroup.create("g", "127.0.0.1", 1, 1, 2, "nccl", timeout=30, device="cpu")
+    with pytest.raises(ValueError, match=r"'gloo' carries cpu buckets, but these are on cuda:0: use nccl"):
+        WeightGroup.create("g", "127.0.0.1", 1, 1, 2, "gloo", timeout=30, device="cuda:0")
+    assert time.monotonic() - started < 1
 
 
 @pytest.mark.gpu

@@ -141,9 +141,12 @@ class TrainerActor:
     # ---- checkpoint engine (rank 0 serves; every rank joins the full-weight gather) ------
     async def start_weight_service(self) -> str:
         from rljob_workers.common.grpc_server import start_server
+        from rljob_workers.weights.group import bucket_device
         from rljob_workers.weights.publisher import WeightPublisher, weight_service
 
-        self.publisher = WeightPublisher(self.config.weight_sync.bucket_size_mb * 1024 * 1024)
+        # NCCL broadcasts CUDA buckets (the trainer's GPU), gloo CPU ones
+        device = bucket_device(cast(Any, self.config.weight_sync.backend), self.trainer.device)
+        self.publisher = WeightPublisher(self.config.weight_sync.bucket_size_mb * 1024 * 1024, device=device)
         host = node_host()
         self.weight_server = await start_server([weight_service(self.publisher)], host, 0)
         return f"{host}:{self.weight_server.port}"
@@ -178,7 +181,16 @@ class TrainerActor:
 
         group_id, host, port, world_size, backend, timeout = self._pending_group
         self.group = await asyncio.to_thread(
-            WeightGroup.create, group_id, host, port, 0, world_size, cast(Any, backend), timeout, store=self.store
+            WeightGroup.create,
+            group_id,
+            host,
+            port,
+            0,
+            world_size,
+            cast(Any, backend),
+            timeout,
+            store=self.store,
+            device=self.publisher.device,
         )
 
     async def broadcast(self) -> int:

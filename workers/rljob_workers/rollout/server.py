@@ -20,7 +20,7 @@ from rljob_workers.common.grpc_server import RunningServer, Service, start_serve
 from rljob_workers.engines import make_engine
 from rljob_workers.engines.base import Engine, FinishedSample, FinishReason, PromptInput, SamplingConfig
 from rljob_workers.weights.buckets import BucketPlan, from_proto
-from rljob_workers.weights.group import WeightGroup
+from rljob_workers.weights.group import BackendName, WeightGroup, bucket_device
 from rljob_workers.weights.receiver import pull_weights, receive_broadcast
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         device = self.engine.weights_device
         if device.startswith("cuda"):  # NCCL binds to the calling thread's current device
             torch.cuda.set_device(torch.device(device))
-        return WeightGroup.from_request(request)
+        backend: BackendName = "nccl" if request.backend == pb.WEIGHT_BACKEND_NCCL else "gloo"
+        return WeightGroup.from_request(request, device=bucket_device(backend, device))
 
     async def _receive(
         self, request: pb.UpdateWeightsRequest, context: grpc.aio.ServicerContext
@@ -227,7 +228,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
     def _receive_broadcast(group: WeightGroup, plans: list[BucketPlan], device: str) -> dict[str, torch.Tensor]:
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
-        return receive_broadcast(group, plans, device)
+        tensors = receive_broadcast(group, plans, bucket_device(group.backend, device))
+        return {name: tensor.to(device) for name, tensor in tensors.items()}  # gloo: staged on the CPU
 
     def _start_call(self, samples: int) -> None:
         self._calls += 1

@@ -43,6 +43,29 @@ KEY_PREFIX = "rljob/weights"
 _FROM_PROTO: dict[int, BackendName] = {pb.WEIGHT_BACKEND_GLOO: "gloo", pb.WEIGHT_BACKEND_NCCL: "nccl"}
 
 
+def bucket_device(backend: BackendName, weights_device: str | torch.device) -> torch.device:
+    """Where a group's buckets live: NCCL moves CUDA tensors (the weights' own GPU), gloo CPU ones
+    (weights on a GPU are staged through host memory). NCCL for weights on the CPU is refused."""
+    device = torch.device(weights_device)
+    if backend == "gloo":
+        return torch.device("cpu")
+    check_pairing(backend, device)
+    return device
+
+
+def check_pairing(backend: BackendName, device: str | torch.device) -> None:
+    """Refuse buckets on a device the backend cannot move (NCCL: CUDA only; gloo: here, the CPU only),
+    naming both, before any member connects."""
+    device = torch.device(device)
+    wanted = "cuda" if backend == "nccl" else "cpu"
+    if device.type != wanted:
+        other = "gloo" if device.type == "cpu" else "nccl"
+        raise ValueError(
+            f"weight group backend {backend!r} carries {wanted} buckets, but these are on {device}: "
+            f"use {other} for weights on {device.type}"
+        )
+
+
 def host_store(host: str, port: int = 0, timeout: float = 300.0) -> dist.TCPStore:
     """Rank 0's rendezvous store. Port 0 lets the OS pick a free port at bind time (no
     probe-then-bind race); read the chosen one back from `.port` to send to the replicas."""
@@ -71,12 +94,16 @@ class WeightGroup:
         backend: BackendName = "gloo",
         timeout: float = 300.0,
         store: dist.Store | None = None,
+        device: str | torch.device | None = None,
     ) -> WeightGroup:
         """Join group `group_id`; blocks until all world_size members have joined (gloo connects
         its full mesh here; NCCL connects on the first collective), so rank 0 calls it while the
         replicas handle JoinWeightGroup. Rank 0 passes the store it hosts (host_store) and keeps
         it for the groups that follow; without one it hosts a store on master_port itself. The
-        other ranks connect to master_address:master_port."""
+        other ranks connect to master_address:master_port. `device`: where this member's buckets are,
+        refused at once if the backend cannot move them (see check_pairing)."""
+        if device is not None:
+            check_pairing(backend, device)
         if not group_id:
             raise ValueError("group_id must not be empty")
         if not 0 <= rank < world_size:
@@ -90,8 +117,8 @@ class WeightGroup:
         return cls(group_id, rank, world_size, backend, _make_backend(backend, scoped, rank, world_size, wait))
 
     @classmethod
-    def from_request(cls, request: pb.JoinWeightGroupRequest) -> WeightGroup:
-        """The replica side of RolloutService.JoinWeightGroup."""
+    def from_request(cls, request: pb.JoinWeightGroupRequest, device: str | torch.device | None = None) -> WeightGroup:
+        """The replica side of RolloutService.JoinWeightGroup; `device`: where its buckets are."""
         backend = _FROM_PROTO.get(request.backend)
         if backend is None:
             raise ValueError(f"JoinWeightGroupRequest.backend: unsupported value {request.backend}")
@@ -104,6 +131,7 @@ class WeightGroup:
             request.world_size,
             backend,
             timeout,
+            device=device,
         )
 
     def broadcast_async(self, tensor: Tensor, src: int = 0) -> dist.Work:
