@@ -228,12 +228,17 @@ class HFEngine:
         input_ids, attention_mask = self._left_pad([slot.prompt.token_ids for slot in batch])
         torch.manual_seed(self._batch_seed(batch))
         self._batches_run += 1
-        with torch.no_grad():
-            out = self.model.generate(
-                input_ids=input_ids, attention_mask=attention_mask, generation_config=_generation_config(sampling)
-            )
+        sampled = _SampledLogprobs(sampling.temperature)
+        hook = self.model.register_forward_hook(sampled, with_kwargs=True)
+        try:
+            with torch.no_grad():
+                out = self.model.generate(
+                    input_ids=input_ids, attention_mask=attention_mask, generation_config=_generation_config(sampling)
+                )
+        finally:
+            hook.remove()
         new_tokens = out.sequences[:, input_ids.shape[1] :]
-        logprobs = _behaviour_logprobs(out.logits, new_tokens, sampling.temperature)
+        logprobs = sampled.result(new_tokens)
         return [
             self._finish(slot, new_tokens[row].tolist(), logprobs[row].tolist(), version)
             for row, slot in enumerate(batch)
@@ -283,7 +288,6 @@ def _generation_config(sampling: SamplingConfig) -> GenerationConfig:
     common = {
         "max_new_tokens": sampling.max_new_tokens,
         "return_dict_in_generate": True,
-        "output_logits": True,  # raw logits, before temperature and top-p/top-k
     }
     if sampling.greedy:
         return GenerationConfig(do_sample=False, **common)
@@ -296,11 +300,29 @@ def _generation_config(sampling: SamplingConfig) -> GenerationConfig:
     )
 
 
-def _behaviour_logprobs(logits: Sequence[torch.Tensor], tokens: torch.Tensor, temperature: float) -> torch.Tensor:
-    """log_softmax(raw_logits / T) at each sampled token, one step at a time to bound memory; greedy uses T=1."""
-    scale = temperature if temperature > 0 else 1.0
-    steps = [
-        torch.log_softmax(step.float() / scale, dim=-1).gather(-1, tokens[:, t : t + 1]).squeeze(-1)
-        for t, step in enumerate(logits)
-    ]
-    return torch.stack(steps, dim=1).cpu()
+class _SampledLogprobs:
+    """log_softmax(raw_logits / T) of each sampled token (greedy: T=1), taken as generation goes.
+
+    A forward hook on the model sees each step's raw logits (before temperature and top-p/top-k),
+    keeps that step's log-softmax until the next step's input names the token sampled from it, and
+    then only that token's value: one [batch, vocab] row at a time, where `output_logits` kept
+    every step's (about 159 GB at 64 sequences x 4,096 tokens x 152k vocabulary).
+    """
+
+    def __init__(self, temperature: float) -> None:
+        self.scale = temperature if temperature > 0 else 1.0
+        self.pending: torch.Tensor | None = None
+        self.steps: list[torch.Tensor] = []
+
+    def __call__(self, module: Any, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        if self.pending is not None:  # this step's input is the token sampled from the last one
+            self.steps.append(self.pending.gather(-1, kwargs["input_ids"][:, -1:]).squeeze(-1))
+        self.pending = torch.log_softmax(output.logits[:, -1, :].float() / self.scale, dim=-1)
+
+    def result(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """[batch, new tokens]: the last step's token is only in the output."""
+        if self.pending is not None and len(self.steps) < new_tokens.shape[1]:
+            last = len(self.steps)
+            self.steps.append(self.pending.gather(-1, new_tokens[:, last : last + 1]).squeeze(-1))
+        self.pending = None
+        return torch.stack(self.steps, dim=1).cpu()
