@@ -46,6 +46,11 @@ class DriverInfo:
         return self.complete or self.failed
 
     @property
+    def succeeded(self) -> bool:
+        """The Job is Complete, or its pod succeeded (a moment before the Job controller marks the Job)."""
+        return self.complete or (self.pod is not None and self.pod.phase == "Succeeded")
+
+    @property
     def running(self) -> bool:
         return self.pod is not None and self.pod.phase == "Running" and not self.pod.deleting
 
@@ -105,7 +110,7 @@ def final_snapshot(driver: DriverInfo | None) -> control_pb.JobStatus | None:
     not the end). None without one (a driver killed before it wrote it leaves its log's end instead)."""
     if driver is None or driver.pod is None or not driver.pod.termination_message:
         return None
-    if not (driver.pod.phase == "Succeeded" or driver.finished):
+    if not (driver.succeeded or driver.finished):
         return None
     try:
         return json_format.Parse(driver.pod.termination_message, control_pb.JobStatus(), ignore_unknown_fields=True)

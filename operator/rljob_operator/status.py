@@ -55,9 +55,7 @@ def _phase(job: RLJob, observed: Observed, pools: PoolsStatus, snapshot: control
         return "Suspended"
     if (driver is not None and driver.failed) or run == control_pb.RUN_PHASE_FAILED:
         return "Failed"
-    # The driver pod's success is the run's, a moment before the Job controller marks the Job Complete.
-    succeeded = driver is not None and (driver.complete or (driver.pod is not None and driver.pod.phase == "Succeeded"))
-    if succeeded or run == control_pb.RUN_PHASE_SUCCEEDED:
+    if (driver is not None and driver.succeeded) or run == control_pb.RUN_PHASE_SUCCEEDED:
         return "Succeeded"
     if not observed.ray_cluster and driver is None:
         return "Pending"

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import yaml
 from e2e_cluster import CHART, E2E, REPO, Cluster, wait_for
 
 NODE_SELECTOR = {"rljob.io/e2e-node": "real"}
@@ -182,8 +183,6 @@ def host_volume(name: str, namespace: str, claim: str, path: Path) -> list[dict[
 
 def cluster_job(namespace: str, image: str) -> dict[str, Any]:
     """examples/arithmetic-cluster.yaml in `namespace`, running `image`, every pool on the real node."""
-    import yaml
-
     doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "arithmetic-cluster.yaml").read_text())
     doc["metadata"]["namespace"] = namespace
     doc["spec"].update(image=image, imagePullPolicy="Never")

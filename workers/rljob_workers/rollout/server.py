@@ -20,7 +20,7 @@ from rljob_workers.common.grpc_server import RunningServer, Service, start_serve
 from rljob_workers.engines import make_engine
 from rljob_workers.engines.base import Engine, FinishedSample, FinishReason, PromptInput, SamplingConfig
 from rljob_workers.weights.buckets import BucketPlan, from_proto
-from rljob_workers.weights.group import BackendName, WeightGroup, bucket_device
+from rljob_workers.weights.group import WeightGroup, bucket_device
 from rljob_workers.weights.receiver import pull_weights, receive_broadcast
 
 log = logging.getLogger(__name__)
@@ -197,8 +197,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         device = self.engine.weights_device
         if device.startswith("cuda"):  # NCCL binds to the calling thread's current device
             torch.cuda.set_device(torch.device(device))
-        backend: BackendName = "nccl" if request.backend == pb.WEIGHT_BACKEND_NCCL else "gloo"
-        return WeightGroup.from_request(request, device=bucket_device(backend, device))
+        return WeightGroup.from_request(request, weights_device=device)
 
     async def _receive(
         self, request: pb.UpdateWeightsRequest, context: grpc.aio.ServicerContext

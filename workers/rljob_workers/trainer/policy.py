@@ -126,7 +126,7 @@ class PolicyTrainer:
     def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.world_size == 1:
             return model
-        if self.config.strategy == "fsdp":
+        if self._sharded:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
             # FSDP casts the fp32 shards to the compute dtype for forward and backward, and reduces in fp32
@@ -146,8 +146,8 @@ class PolicyTrainer:
 
     def _logprobs(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
         # autocast runs the fp32 masters in the compute dtype (FSDP casts them itself); token_logprobs works in fp32
-        cast = self.compute_dtype != torch.float32 and not self._sharded
-        with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=cast):
+        autocast = self.compute_dtype != torch.float32 and not self._sharded
+        with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=autocast):
             logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         return token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:], self.config.temperature)
 

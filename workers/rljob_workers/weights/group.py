@@ -117,11 +117,15 @@ class WeightGroup:
         return cls(group_id, rank, world_size, backend, _make_backend(backend, scoped, rank, world_size, wait))
 
     @classmethod
-    def from_request(cls, request: pb.JoinWeightGroupRequest, device: str | torch.device | None = None) -> WeightGroup:
-        """The replica side of RolloutService.JoinWeightGroup; `device`: where its buckets are."""
+    def from_request(
+        cls, request: pb.JoinWeightGroupRequest, weights_device: str | torch.device | None = None
+    ) -> WeightGroup:
+        """The replica side of RolloutService.JoinWeightGroup; `weights_device`: where the replica's weights
+        are (its buckets go where the backend moves them, see bucket_device)."""
         backend = _FROM_PROTO.get(request.backend)
         if backend is None:
             raise ValueError(f"JoinWeightGroupRequest.backend: unsupported value {request.backend}")
+        device = None if weights_device is None else bucket_device(backend, weights_device)
         timeout = request.timeout_seconds if request.timeout_seconds > 0 else 300.0
         return cls.create(
             request.group_id,
