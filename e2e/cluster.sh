@@ -120,10 +120,25 @@ start_storage_and_api() { # etcd, then the API server; waits for both
   # Admission: the default set (NamespaceLifecycle, LimitRanger, ServiceAccount, Priority,
   # DefaultTolerationSeconds, DefaultStorageClass, ResourceQuota, PodSecurity,
   # MutatingAdmissionWebhook, ValidatingAdmissionPolicy, ValidatingAdmissionWebhook, ...)
-  # plus NodeRestriction. CRD validation with CEL (x-kubernetes-validations) is GA, always on.
+  # plus NodeRestriction, and OwnerReferencesPermissionEnforcement (an ownerReference with
+  # blockOwnerDeletion needs update on the owner's finalizers, as on OpenShift). CRD validation with CEL
+  # (x-kubernetes-validations) is GA, always on.
   # Endpoint reconciler "none": the default refuses a loopback advertise address; the real
   # node (e2e/node.sh) points the "kubernetes" Service at its own forwarder instead.
+  # Audit: every request of the operator's ServiceAccount (the chart installs it in rljob-system), so a
+  # test can compare what the operator does with what the chart grants (tests/operator/audit.py).
+  cat >"${STATE}/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    userGroups: ["system:serviceaccounts:rljob-system"]
+  - level: None
+POLICY
   launch kube-apiserver \
+    --audit-policy-file="${STATE}/audit-policy.yaml" --audit-log-path="${STATE}/audit.log" \
+    --audit-log-maxsize=200 --audit-log-maxbackup=1 \
     --etcd-servers="http://127.0.0.1:${ETCD_PORT}" \
     --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="${API_PORT}" \
     --tls-cert-file="${PKI}/apiserver.crt" --tls-private-key-file="${PKI}/apiserver.key" \
@@ -136,7 +151,7 @@ start_storage_and_api() { # etcd, then the API server; waits for both
     --kubelet-client-key="${PKI}/apiserver-kubelet-client.key" \
     --kubelet-preferred-address-types=InternalIP,Hostname \
     --authorization-mode=Node,RBAC \
-    --enable-admission-plugins=NodeRestriction \
+    --enable-admission-plugins=NodeRestriction,OwnerReferencesPermissionEnforcement \
     --endpoint-reconciler-type=none \
     --allow-privileged=true \
     --profiling=false \

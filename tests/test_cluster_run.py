@@ -28,7 +28,8 @@ from google.protobuf import json_format
 from test_local_run import job_doc
 
 from rljob.v1 import control_service_pb2 as control_pb
-from rljob_api.workercfg import TERMINATION_LOG_ENV, Ports, pool_resource
+from rljob_api.workercfg import TERMINATION_LOG_ENV, TOKEN_FILE_ENV, Ports, pool_resource
+from rljob_workers.common.auth import JobToken
 
 pytestmark = pytest.mark.ray
 
@@ -170,16 +171,24 @@ def test_cluster_run_joins_the_ray_it_is_given_and_serves_at_the_spec_ports(asse
     clusters_before = _gcs_servers()
     termination_log = tmp_path / "termination-log"  # the driver pod's /dev/termination-log
     env = {**_pod_env(), "RAY_ADDRESS": ray_head, TERMINATION_LOG_ENV: str(termination_log)}
+    command = _in_netns(netns, str(BIN / "rljob"), "run", "--cluster", "--no-display", str(job_file))
+    # Without the job's token (the operator's Secret, mounted) the driver refuses to start, in a line.
+    refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "RLJOB_TOKEN_FILE is not set" in refused.stderr, refused.stderr[-2000:]
+    token = JobToken.new(tmp_path / "secret")  # as the operator's Secret is mounted in the driver pod
+    env[TOKEN_FILE_ENV] = token.path
     log_path = tmp_path / "driver.log"
     with log_path.open("w") as log:
-        command = _in_netns(netns, str(BIN / "rljob"), "run", "--cluster", "--no-display", str(job_file))
         driver = subprocess.Popen(
             [*command, "--output", str(tmp_path / "out")], stdout=log, stderr=subprocess.STDOUT, env=env
         )
         try:
             _wait_for_port(POD_IP, ports.control, 120, driver)
             status = subprocess.run(
-                [str(BIN / "rljob"), "status", f"{POD_IP}:{ports.control}"], capture_output=True, text=True, timeout=30
+                [str(BIN / "rljob"), "status", f"{POD_IP}:{ports.control}", "--token-file", token.path],
+                capture_output=True,
+                text=True,
+                timeout=30,
             )
             metrics = urllib.request.urlopen(f"http://{POD_IP}:{ports.metrics}/metrics", timeout=10).read().decode()
             clusters_during = _gcs_servers()

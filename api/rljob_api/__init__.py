@@ -2,7 +2,7 @@
 
 from .base import FieldRuleError, Model
 from .load import FieldError, RLJobInvalid, load_rljob, parse_rljob
-from .placement import Placement, Resources, Toleration, VolumeSource
+from .placement import Placement, Resources, SecurityContext, Toleration, VolumeSource
 from .pools import JudgeSamplingSpec, RolloutSpec, SamplingSpec, TrainerSpec
 from .reward import (
     DisRMReward,
@@ -68,6 +68,7 @@ __all__ = [
     "RuleReward",
     "SamplingSpec",
     "ScalingSpec",
+    "SecurityContext",
     "Toleration",
     "TrainerSpec",
     "VolumeSource",

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from .base import Model
+from .base import FieldRuleError, Model, cel, cel_rules
 
 # A Kubernetes quantity: "500m", "16Gi", 4.
 Quantity = str | int
@@ -49,8 +49,68 @@ class VolumeSource(Model):
     read_only: bool = Field(True, description="Mount read-only.")
 
 
+class SecurityContext(Model):
+    """How a pod's processes run. The defaults lock the pod down: a non-root user, no privilege escalation,
+    every capability dropped, the runtime's default seccomp profile and a read-only root filesystem (the
+    pods write only to /tmp, an emptyDir, and their volumes)."""
+
+    run_as_user: int = Field(1000, description="UID of the containers' processes (the worker image's user).", ge=0)
+    run_as_group: int = Field(1000, description="GID of the containers' processes.", ge=0)
+    fs_group: int | None = Field(None, description="Group that owns the pod's volumes, when they support it.", ge=0)
+    run_as_non_root: bool = Field(True, description="The kubelet refuses to start a container that would run as root.")
+    read_only_root_filesystem: bool = Field(True, description="Mount the image's filesystem read-only.")
+    allow_privilege_escalation: bool = Field(False, description="Let a process gain more privileges than its parent.")
+    capabilities_add: list[str] = Field(
+        default_factory=list,
+        description="Linux capabilities added back (every one is dropped), e.g. IPC_LOCK for RDMA.",
+        max_length=64,
+    )
+    seccomp_profile: Literal["RuntimeDefault", "Unconfined"] = Field(
+        "RuntimeDefault", description="The seccomp profile of the pod."
+    )
+
+    @model_validator(mode="after")
+    def _non_root(self) -> SecurityContext:
+        if self.run_as_non_root and self.run_as_user == 0:
+            raise FieldRuleError("runAsUser", "is 0 (root) but runAsNonRoot is true")
+        return self
+
+    model_config = {
+        "json_schema_extra": cel_rules(
+            cel("!self.runAsNonRoot || self.runAsUser != 0", "runAsUser 0 (root) needs runAsNonRoot false")
+        )
+    }
+
+    def pod_fields(self) -> dict[str, Any]:
+        """The pod's securityContext."""
+        out: dict[str, Any] = {
+            "runAsNonRoot": self.run_as_non_root,
+            "runAsUser": self.run_as_user,
+            "runAsGroup": self.run_as_group,
+            "seccompProfile": {"type": self.seccomp_profile},
+        }
+        if self.fs_group is not None:
+            out["fsGroup"] = self.fs_group
+        return out
+
+    def container_fields(self) -> dict[str, Any]:
+        """A container's securityContext."""
+        capabilities: dict[str, Any] = {"drop": ["ALL"]}
+        if self.capabilities_add:
+            capabilities["add"] = list(self.capabilities_add)
+        return {
+            "allowPrivilegeEscalation": self.allow_privilege_escalation,
+            "readOnlyRootFilesystem": self.read_only_root_filesystem,
+            "capabilities": capabilities,
+        }
+
+
 class Placement(Model):
     """Scheduling fields shared by every pool."""
+
+    security_context: SecurityContext | None = Field(
+        None, description="How the pool's pods run; unset: spec.securityContext."
+    )
 
     node_selector: dict[str, str] = Field(
         default_factory=dict,

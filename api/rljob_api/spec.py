@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from .base import IMMUTABLE, FieldRuleError, Model, cel, cel_rules
-from .placement import VolumeSource
+from .placement import SecurityContext, VolumeSource
 from .pools import RolloutSpec, TrainerSpec
 from .reward import RewardSpec
 from .status import RLJobStatus
@@ -193,6 +193,10 @@ class RLJobSpec(Model):
         None,
         description="Service account of the pods; the operator makes one if unset.",
         max_length=253,
+    )
+    security_context: SecurityContext = Field(
+        default_factory=SecurityContext,
+        description="How the pods run (the Ray head, the driver, and each pool without its own securityContext).",
     )
 
     @model_validator(mode="after")

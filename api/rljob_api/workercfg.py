@@ -21,6 +21,8 @@ POOLS: tuple[Pool, ...] = ("rollout", "trainer", "reward")
 # The file the driver writes its last JobStatus to (JSON) as it exits: in a driver pod, the container's
 # termination message, which the operator reads once the ControlService is gone.
 TERMINATION_LOG_ENV = "RLJOB_TERMINATION_LOG"
+# The file holding the job's token, which every internal gRPC call carries (rljob_workers.common.auth).
+TOKEN_FILE_ENV = "RLJOB_TOKEN_FILE"
 
 
 def pool_resource(pool: Pool) -> str:

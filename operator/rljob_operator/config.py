@@ -68,7 +68,21 @@ def build_parser(env: Mapping[str, str]) -> argparse.ArgumentParser:
     add("--driver-backoff-limit", 3, "driver retries (each resumes from the newest checkpoint) before the job fails")
     add("--system-node-selector", "", "JSON nodeSelector of the head and driver pods", type=_json(dict))
     add("--system-tolerations", "", "JSON list of tolerations of the head and driver pods", type=_json(list))
+    add("--network-policy", "true", "render a NetworkPolicy per job (true/false)")
+    add("--operator-peers", "", "JSON list of NetworkPolicy peers that are this operator", type=_json(list))
+    add("--scraper-peers", "", "JSON list of NetworkPolicy peers that may scrape the jobs' metrics", type=_json(list))
+    add("--egress", "", "JSON list of egress rules of the jobs' pods besides their own; empty: open", type=_egress)
     return parser
+
+
+def _egress(text: str) -> list[Any] | None:
+    return None if not text.strip() else _json(list)(text)
+
+
+def _flag(text: str) -> bool:
+    if text.lower() not in ("true", "false"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() == "true"
 
 
 def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
@@ -93,5 +107,9 @@ def parse_config(argv: Sequence[str], env: Mapping[str, str]) -> OperatorConfig:
             driver_backoff_limit=int(args.driver_backoff_limit),
             system_node_selector=dict(args.system_node_selector or {}),
             system_tolerations=tuple(args.system_tolerations or ()),
+            network_policy=_flag(str(args.network_policy)),
+            operator_peers=tuple(args.operator_peers or ()),
+            scraper_peers=tuple(args.scraper_peers or ()),
+            egress=None if args.egress is None else tuple(args.egress),
         ),
     )

@@ -20,14 +20,17 @@ class ControlClients:
         self.timeout = timeout_seconds
         self._channels: dict[str, aio.Channel] = {}
 
-    async def snapshot(self, address: str) -> control_pb.JobStatus | None:
-        """The controller's status, or None if it does not answer in time (not up yet, gone, unreachable)."""
+    async def snapshot(self, address: str, token: str) -> control_pb.JobStatus | None:
+        """The controller's status, or None if it does not answer in time (not up yet, gone, unreachable).
+        `token` is the job's (its Secret): the ControlService answers no one without it."""
         channel = self._channels.get(address)
         if channel is None:
             channel = self._channels[address] = aio.insecure_channel(address)
         stub = control_grpc.ControlServiceStub(channel)
         try:
-            response = await stub.GetJobStatus(control_pb.GetJobStatusRequest(), timeout=self.timeout)
+            response = await stub.GetJobStatus(
+                control_pb.GetJobStatusRequest(), timeout=self.timeout, metadata=(("authorization", f"Bearer {token}"),)
+            )
         except aio.AioRpcError as exc:
             log.debug("ControlService at %s: %s", address, exc.code())
             if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):

@@ -27,12 +27,14 @@ from .names import FIELD_MANAGER
 KINDS: dict[str, tuple[str, str]] = {
     "ServiceAccount": ("api/v1", "serviceaccounts"),
     "ConfigMap": ("api/v1", "configmaps"),
+    "Secret": ("api/v1", "secrets"),
     "Service": ("api/v1", "services"),
     "Pod": ("api/v1", "pods"),
     "Event": ("api/v1", "events"),
     "Role": ("apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("apis/rbac.authorization.k8s.io/v1", "rolebindings"),
     "Job": ("apis/batch/v1", "jobs"),
+    "NetworkPolicy": ("apis/networking.k8s.io/v1", "networkpolicies"),
     "RayCluster": ("apis/ray.io/v1", "rayclusters"),
     "RLJob": (f"apis/{GROUP}/{VERSION}", PLURAL),
 }
@@ -116,6 +118,16 @@ class Kube:
         url = path(doc["kind"], meta["namespace"], meta["name"]) + "?" + query
         result: dict[str, Any] = await self._call("PATCH", url, doc, "application/apply-patch+yaml", urgent)
         return result
+
+    async def create(self, doc: dict[str, Any]) -> bool:
+        """Create `doc` as it is; False if an object of that name is already there (it is left alone)."""
+        try:
+            await self._call("POST", path(doc["kind"], doc["metadata"]["namespace"]), doc, urgent=True)
+            return True
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         try:

@@ -21,6 +21,10 @@ RLJOB_FILE = "rljob.yaml"
 WORKERS_FILE = "workers.json"
 # Where remote-reward token Secrets are mounted: <dir>/<function name>/<key>.
 TOKEN_DIR = "/var/run/secrets/rljob"
+# Where the job's own token (its Secret's one key) is mounted in the driver and every pool pod.
+JOB_TOKEN_DIR = "/var/run/rljob"
+JOB_TOKEN_KEY = "token"
+JOB_TOKEN_FILE = f"{JOB_TOKEN_DIR}/{JOB_TOKEN_KEY}"
 
 MAX_NAME = 63
 
@@ -64,6 +68,15 @@ def metrics_service_name(job: RLJob) -> str:
 
 def reward_service_name(job: RLJob) -> str:
     return child_name(job.metadata.name, "reward")
+
+
+def token_secret_name(job: RLJob) -> str:
+    """The Secret holding the job's token (made once by the operator, owned by the RLJob)."""
+    return child_name(job.metadata.name, "token")
+
+
+def network_policy_name(job: RLJob) -> str:
+    return child_name(job.metadata.name, "pods")
 
 
 def service_account_name(job: RLJob) -> str:

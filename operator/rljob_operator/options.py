@@ -25,6 +25,13 @@ class RenderOptions:
     # Where the head and driver (no GPUs) run: e.g. a CPU node pool.
     system_node_selector: Mapping[str, str] = field(default_factory=dict)
     system_tolerations: Sequence[Mapping[str, Any]] = ()
+    # A NetworkPolicy per job: ingress to its pods from its own pods, from `operator_peers` to the control
+    # port and from `scraper_peers` to the metrics port (NetworkPolicy peers, as the chart names them).
+    network_policy: bool = True
+    operator_peers: Sequence[Mapping[str, Any]] = ()
+    scraper_peers: Sequence[Mapping[str, Any]] = ()
+    # Egress rules besides the job's own pods; None leaves egress open.
+    egress: Sequence[Mapping[str, Any]] | None = None
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,23 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rljob_api import RLJob, VolumeSource
+from rljob_api import RLJob, SecurityContext, VolumeSource
 from rljob_api.placement import Placement, Quantity
 
-from .names import CONFIG_DIR, TOKEN_DIR, config_name
+from .names import CONFIG_DIR, JOB_TOKEN_DIR, JOB_TOKEN_KEY, TOKEN_DIR, config_name, token_secret_name
 
 GPU = "nvidia.com/gpu"
 CONFIG_VOLUME = "rljob-config"
+JOB_TOKEN_VOLUME = "rljob-token"
+# The one writable place besides the volumes when the root filesystem is read-only: Ray's session
+# folder (/tmp/ray), caches and temporary files.
+TMP_VOLUME = "tmp"
+# Caches that default to $HOME (read-only with the image) go under /tmp.
+WRITABLE_ENV = [
+    {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
+    {"name": "MPLCONFIGDIR", "value": "/tmp/.config/matplotlib"},
+    {"name": "HF_HOME", "value": "/tmp/.cache/huggingface"},
+]
 
 
 def cpu_quantity(cores: float) -> str:
@@ -60,9 +70,23 @@ def token_secrets(job: RLJob) -> list[tuple[str, str, str]]:
     ]
 
 
+def base_volumes(job: RLJob) -> list[dict[str, Any]]:
+    """What every pod of the job has: /tmp (writable with a read-only root) and the job's token."""
+    token = {"secretName": token_secret_name(job), "items": [{"key": JOB_TOKEN_KEY, "path": JOB_TOKEN_KEY}]}
+    return [{"name": TMP_VOLUME, "emptyDir": {}}, {"name": JOB_TOKEN_VOLUME, "secret": token}]
+
+
+def base_mounts() -> list[dict[str, Any]]:
+    return [
+        {"name": TMP_VOLUME, "mountPath": "/tmp"},
+        {"name": JOB_TOKEN_VOLUME, "mountPath": JOB_TOKEN_DIR, "readOnly": True},
+    ]
+
+
 def volumes(job: RLJob, *, tokens: bool) -> list[dict[str, Any]]:
-    """Pod volumes: the ConfigMap, each claim once, and (for reward and driver) the token Secrets."""
-    out: list[dict[str, Any]] = [{"name": CONFIG_VOLUME, "configMap": {"name": config_name(job)}}]
+    """Pod volumes: /tmp and the job's token, the ConfigMap, each claim once, and (for reward and driver)
+    the remote rewards' token Secrets."""
+    out = [*base_volumes(job), {"name": CONFIG_VOLUME, "configMap": {"name": config_name(job)}}]
     seen: set[str] = set()
     for source in claims(job):
         if source.claim_name in seen:
@@ -86,8 +110,9 @@ def volumes(job: RLJob, *, tokens: bool) -> list[dict[str, Any]]:
 
 
 def volume_mounts(job: RLJob, *, tokens: bool) -> list[dict[str, Any]]:
-    """Mounts matching `volumes`: /etc/rljob, each claim at its mountPath, tokens under /var/run/secrets/rljob."""
-    out: list[dict[str, Any]] = [{"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True}]
+    """Mounts matching `volumes`: /tmp, the job's token, /etc/rljob, each claim at its mountPath, remote
+    rewards' tokens under /var/run/secrets/rljob."""
+    out = [*base_mounts(), {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True}]
     for source in claims(job):
         out.append(
             {
@@ -128,9 +153,16 @@ def ray_cpus(resources: dict[str, dict[str, str]], cpus: float) -> int:
     return max(1, math.ceil(max(cpu_cores(resources["requests"]["cpu"]), cpus)))
 
 
-def container(job: RLJob, name: str, **fields: Any) -> dict[str, Any]:
-    """A container of the job's image: name, image and pull policy, then `fields` in the order given."""
-    return {"name": name, "image": job.spec.image, "imagePullPolicy": job.spec.image_pull_policy, **fields}
+def container(job: RLJob, name: str, security: SecurityContext, **fields: Any) -> dict[str, Any]:
+    """A container of the job's image: name, image and pull policy, then `fields` in the order given, then
+    its securityContext."""
+    return {
+        "name": name,
+        "image": job.spec.image,
+        "imagePullPolicy": job.spec.image_pull_policy,
+        **fields,
+        "securityContext": security.container_fields(),
+    }
 
 
 def pod_template(
@@ -138,13 +170,15 @@ def pod_template(
     main: dict[str, Any],
     *,
     account: Mapping[str, Any],
+    security: SecurityContext,
     volumes: list[dict[str, Any]] | None = None,
     node_selector: Mapping[str, str] | None = None,
     tolerations: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """The one pod template builder of the pools, the head and the driver: their labels, and a spec of
-    `account` (service account fields, restart policy), the one container, its volumes and placement."""
-    spec: dict[str, Any] = {**account, "containers": [main]}
+    `account` (service account fields, restart policy), its securityContext, the one container, its
+    volumes and placement."""
+    spec: dict[str, Any] = {**account, "securityContext": security.pod_fields(), "containers": [main]}
     if volumes is not None:
         spec["volumes"] = volumes
     if node_selector:

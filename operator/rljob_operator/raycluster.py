@@ -8,11 +8,11 @@ from typing import Any
 
 from rljob_api import RLJob
 from rljob_api.placement import Placement
-from rljob_api.workercfg import POOLS, Pool, pool_resource
+from rljob_api.workercfg import POOLS, TOKEN_FILE_ENV, Pool, pool_resource
 
-from .names import component_labels, pool_labels, ray_cluster_name
+from .names import JOB_TOKEN_FILE, component_labels, pool_labels, ray_cluster_name
 from .options import RenderOptions, RewardGroup
-from .pods import container, pod_template, pool_resources, ray_cpus, volume_mounts, volumes
+from .pods import TMP_VOLUME, WRITABLE_ENV, container, pod_template, pool_resources, ray_cpus, volume_mounts, volumes
 
 RAY_API_VERSION = "ray.io/v1"
 
@@ -78,11 +78,15 @@ def pool_shapes(job: RLJob, reward: RewardGroup) -> list[PoolShape]:
 
 
 def _env(job: RLJob, pool: str) -> list[dict[str, Any]]:
-    return [
+    env: list[dict[str, Any]] = [
         {"name": "RLJOB_JOB", "value": job.metadata.name},
         {"name": "RLJOB_POOL", "value": pool},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        *WRITABLE_ENV,
     ]
+    if pool != "head":  # the pools' servers check the job's token; the head serves none of ours
+        env.append({"name": TOKEN_FILE_ENV, "value": JOB_TOKEN_FILE})
+    return env
 
 
 def ray_pod_account(job: RLJob) -> dict[str, Any]:
@@ -101,11 +105,13 @@ def worker_group(job: RLJob, shape: PoolShape, reward: RewardGroup) -> dict[str,
     resources = pool_resources(shape.placement, cpus=cpus, gpus=shape.gpus)
     tokens = shape.pool == "reward"
     mounts = volume_mounts(job, tokens=tokens)
-    main = container(job, "ray-worker", env=_env(job, shape.pool), resources=resources, volumeMounts=mounts)
+    security = shape.placement.security_context or job.spec.security_context
+    main = container(job, "ray-worker", security, env=_env(job, shape.pool), resources=resources, volumeMounts=mounts)
     template = pod_template(
         pool_labels(job, shape.pool),
         main,
         account=ray_pod_account(job),
+        security=security,
         volumes=volumes(job, tokens=tokens),
         node_selector=shape.placement.node_selector,
         tolerations=[t.to_wire() for t in shape.placement.tolerations],
@@ -134,6 +140,7 @@ def head_group(job: RLJob, options: RenderOptions) -> dict[str, Any]:
     main = container(
         job,
         "ray-head",
+        job.spec.security_context,
         env=_env(job, "head"),
         resources={
             "requests": {"cpu": options.head_cpu, "memory": options.head_memory},
@@ -144,6 +151,7 @@ def head_group(job: RLJob, options: RenderOptions) -> dict[str, Any]:
             {"name": "dashboard", "containerPort": 8265},
             {"name": "client", "containerPort": 10001},
         ],
+        volumeMounts=[{"name": TMP_VOLUME, "mountPath": "/tmp"}],
     )
     return {
         "serviceType": "ClusterIP",
@@ -152,6 +160,8 @@ def head_group(job: RLJob, options: RenderOptions) -> dict[str, Any]:
             component_labels(job, "head"),
             main,
             account=ray_pod_account(job),
+            security=job.spec.security_context,
+            volumes=[{"name": TMP_VOLUME, "emptyDir": {}}],
             node_selector=options.system_node_selector,
             tolerations=options.system_tolerations,
         ),

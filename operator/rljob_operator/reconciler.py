@@ -12,7 +12,9 @@ and posts an Event on every phase change and every new Degraded reason. Both are
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -30,13 +32,15 @@ from .informer import Children
 from .kube import Kube, describe
 from .metrics import OperatorMetrics
 from .names import (
+    JOB_TOKEN_KEY,
     control_service_name,
     driver_name,
     ray_cluster_name,
+    token_secret_name,
 )
 from .observe import Observed, final_snapshot, observe, reward_group
 from .options import Owner
-from .render import POOL_KINDS, absent_kinds, render, render_pools
+from .render import POOL_KINDS, absent_kinds, finish, render, render_pools, render_token_secret
 from .status import compute_status
 
 log = logging.getLogger(__name__)
@@ -96,6 +100,7 @@ class Context:
     desired: dict[Key, Desired] = field(default_factory=dict)  # what the pools are rendered from (desired.py)
     pools: dict[Key, dict[str, dict[str, Any] | None]] = field(default_factory=dict)  # as last written; None: deleted
     locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
+    tokens: dict[Key, str] = field(default_factory=dict)  # each job's token (its Secret), once read or made
     poked: set[Key] = field(default_factory=set)  # jobs whose children changed since the last refresh
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -120,7 +125,7 @@ class Context:
 
     def drop(self, key: Key) -> None:
         """Forget what was kept of a job's state (its status, snapshot, decisions, pools as written)."""
-        for table in (self.last, self.snapshots, self.desired, self.pools):
+        for table in (self.last, self.snapshots, self.desired, self.pools, self.tokens):
             table.pop(key, None)  # type: ignore[attr-defined]
 
     async def forget(self, key: Key, job: RLJob | None) -> None:
@@ -178,11 +183,18 @@ async def write_children(
         # The pools first (they need nothing else to be scheduled: their pods use no account of ours), then
         # what others need (the driver's ServiceAccount and ConfigMap; the Role, which a RoleBinding is
         # checked against), then the rest at once.
-        waves = (POOL_KINDS, ("ServiceAccount", "ConfigMap", "Role"), ("RoleBinding", "Service", "Job"))
+        # The NetworkPolicy goes with them, so that no pod of the job is ever open to other pods.
+        waves = (
+            (*POOL_KINDS, "NetworkPolicy"),
+            ("ServiceAccount", "ConfigMap", "Role"),
+            ("RoleBinding", "Service", "Job"),
+        )
     written = ctx.pools.setdefault(key, {})
+    if not pools_only:
+        await ensure_token(ctx, job, owner)
     for wave in waves:
         todo = [d for d in docs if d["kind"] in wave and not (pools_only and written.get(d["kind"]) == d)]
-        await asyncio.gather(*(_apply(ctx, body, d, written, urgent=wave == POOL_KINDS) for d in todo))
+        await asyncio.gather(*(_apply(ctx, body, d, written, urgent=wave is waves[0]) for d in todo))
     names = {"RayCluster": ray_cluster_name(job), "Job": driver_name(job)}
     for kind in absent_kinds(job, finished=desired.finished):
         if pools_only and (kind not in POOL_KINDS or written.get(kind) is None):
@@ -191,6 +203,37 @@ async def write_children(
             await post(ctx, body, "Normal", *_deleted(job, kind, names[kind]))
         if kind in POOL_KINDS:
             written[kind] = None
+
+
+async def ensure_token(ctx: Context, job: RLJob, owner: Owner) -> None:
+    """Make the job's token Secret once (a random token); one that exists is kept, if it is this job's."""
+    key = key_of(job)
+    if key in ctx.tokens:
+        return
+    token = secrets.token_urlsafe(32)
+    if await ctx.kube.create(finish(render_token_secret(job, token), job, owner)):
+        ctx.tokens[key] = token
+        return
+    found = await ctx.kube.get("Secret", job.metadata.namespace, token_secret_name(job)) or {}
+    owners = [ref.get("uid") for ref in (found.get("metadata") or {}).get("ownerReferences") or []]
+    if owner.uid not in owners:
+        # Whoever made it knows the token: the job's pools must not trust it.
+        raise RuntimeError(
+            f"Secret {job.metadata.namespace}/{token_secret_name(job)} exists and is not this RLJob's; "
+            "delete it (the operator makes the job's token)"
+        )
+
+
+async def job_token(ctx: Context, job: RLJob) -> str | None:
+    """The job's token, from its Secret (read once); None while there is none."""
+    key = key_of(job)
+    if key not in ctx.tokens:
+        found = await ctx.kube.get("Secret", job.metadata.namespace, token_secret_name(job))
+        data = (found or {}).get("data") or {}
+        if JOB_TOKEN_KEY not in data:
+            return None
+        ctx.tokens[key] = base64.b64decode(data[JOB_TOKEN_KEY]).decode().strip()
+    return ctx.tokens[key]
 
 
 async def _apply(
@@ -244,7 +287,8 @@ async def poll_controller_of(
         ctx.snapshots.pop(key, None)
         return final_snapshot(driver), False  # the last step, reward and checkpoint, once it ended
     if poll or key not in ctx.snapshots:
-        ctx.snapshots[key] = await ctx.control.snapshot(ctx.control_address(job))
+        token = await job_token(ctx, job)
+        ctx.snapshots[key] = await ctx.control.snapshot(ctx.control_address(job), token) if token else None
         return ctx.snapshots[key], True
     return ctx.snapshots[key], False
 

@@ -1,8 +1,10 @@
 """Render an RLJob into the Kubernetes objects that run it. Pure: everything it needs is an argument.
 
-Children: ServiceAccount, Role, RoleBinding (what the driver may read), the ConfigMap
-(`rljob.yaml`, `workers.json`), the control, metrics and reward Services, the pools (the
-RayCluster) and the driver (a batch Job). The handler applies them in dependency waves
+Children: the NetworkPolicy (ingress from the job's own pods, the operator and the scrapers),
+ServiceAccount, Role, RoleBinding (what the driver may read), the ConfigMap (`rljob.yaml`,
+`workers.json`), the control, metrics and reward Services, the pools (the RayCluster) and the driver
+(a batch Job). The job's token Secret is rendered apart (`render_token_secret`): it is made once,
+with a random token, never applied again. The handler applies them in dependency waves
 (reconciler.write_children). A suspended job has no pools and no driver; a finished one keeps its
 driver Job (the record of how it ended) but releases its pools.
 """
@@ -16,10 +18,13 @@ from typing import Any
 import yaml
 
 from rljob_api import RLJob, derive_worker_configs
-from rljob_api.workercfg import TERMINATION_LOG_ENV
+from rljob_api.workercfg import TERMINATION_LOG_ENV, TOKEN_FILE_ENV
 
 from .names import (
     CONFIG_DIR,
+    JOB_TOKEN_FILE,
+    JOB_TOKEN_KEY,
+    LABEL_JOB,
     RLJOB_FILE,
     WORKERS_FILE,
     component_labels,
@@ -30,12 +35,14 @@ from .names import (
     head_service_name,
     job_labels,
     metrics_service_name,
+    network_policy_name,
     pool_selector,
     reward_service_name,
     service_account_name,
+    token_secret_name,
 )
 from .options import Owner, RenderOptions, RewardGroup
-from .pods import container, pod_template, volume_mounts, volumes
+from .pods import WRITABLE_ENV, container, pod_template, volume_mounts, volumes
 from .raycluster import render_ray_cluster
 
 # The children that hold GPUs (the pools) and the driver: what suspend deletes.
@@ -156,6 +163,40 @@ def render_services(job: RLJob) -> list[dict[str, Any]]:
     ]
 
 
+def render_token_secret(job: RLJob, token: str) -> dict[str, Any]:
+    """The job's token (see rljob_workers.common.auth): made once, never applied again, so it stays the
+    same for the job's life; its owner reference deletes it with the RLJob."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _meta(job, token_secret_name(job), "token"),
+        "type": "Opaque",
+        "stringData": {JOB_TOKEN_KEY: token},
+    }
+
+
+def render_network_policy(job: RLJob, options: RenderOptions) -> dict[str, Any]:
+    """Ingress to the job's pods only from its own pods, the operator (the control port) and the metrics
+    scrapers (the metrics port); egress open unless the operator's options restrict it. Enforced only by
+    a CNI that implements NetworkPolicy."""
+    ports = derive_worker_configs(job).ports
+    own = {"podSelector": {"matchLabels": {LABEL_JOB: job.metadata.name}}}
+    ingress: list[dict[str, Any]] = [{"from": [own]}]
+    for peers, port in ((options.operator_peers, ports.control), (options.scraper_peers, ports.metrics)):
+        if peers:
+            ingress.append({"from": [dict(p) for p in peers], "ports": [{"protocol": "TCP", "port": port}]})
+    spec: dict[str, Any] = {"podSelector": own["podSelector"], "policyTypes": ["Ingress"], "ingress": ingress}
+    if options.egress is not None:
+        spec["policyTypes"].append("Egress")
+        spec["egress"] = [{"to": [own]}, *(dict(rule) for rule in options.egress)]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(job, network_policy_name(job), "network"),
+        "spec": spec,
+    }
+
+
 def render_driver(job: RLJob, options: RenderOptions) -> dict[str, Any]:
     """The driver: a Job running the controller (`rljob run --cluster --resume`); a retry resumes from
     the newest checkpoint, and its Complete/Failed condition is how the run ended."""
@@ -163,6 +204,7 @@ def render_driver(job: RLJob, options: RenderOptions) -> dict[str, Any]:
     main = container(
         job,
         "driver",
+        job.spec.security_context,
         command=["/bin/sh", "-c", driver_script(job)],
         env=[
             {"name": "RAY_ADDRESS", "value": f"{head_service_name(job)}.{job.metadata.namespace}.svc:6379"},
@@ -170,6 +212,8 @@ def render_driver(job: RLJob, options: RenderOptions) -> dict[str, Any]:
             {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             # its last JobStatus, as the container's termination message (see observe.final_snapshot)
             {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG},
+            {"name": TOKEN_FILE_ENV, "value": JOB_TOKEN_FILE},
+            *WRITABLE_ENV,
         ],
         terminationMessagePath=TERMINATION_LOG,
         # a driver that dies before writing it leaves the end of its log instead
@@ -192,6 +236,7 @@ def render_driver(job: RLJob, options: RenderOptions) -> dict[str, Any]:
             "serviceAccountName": service_account_name(job),
             "terminationGracePeriodSeconds": DRIVER_GRACE_SECONDS,
         },
+        security=job.spec.security_context,
         volumes=volumes(job, tokens=True),
         node_selector=options.system_node_selector,
         tolerations=options.system_tolerations,
@@ -204,7 +249,7 @@ def render_driver(job: RLJob, options: RenderOptions) -> dict[str, Any]:
     }
 
 
-def _finish(doc: dict[str, Any], job: RLJob, owner: Owner | None) -> dict[str, Any]:
+def finish(doc: dict[str, Any], job: RLJob, owner: Owner | None) -> dict[str, Any]:
     metadata = doc["metadata"]
     metadata["labels"] = {**job_labels(job), **metadata.get("labels", {})}
     if owner is not None:
@@ -218,7 +263,7 @@ def render_pools(
     """The pools the job should have now: its RayCluster, or none (suspended, or the run finished)."""
     if job.spec.suspend or finished:
         return []
-    return [_finish(render_ray_cluster(job, options, reward), job, owner)]
+    return [finish(render_ray_cluster(job, options, reward), job, owner)]
 
 
 def render(
@@ -234,10 +279,12 @@ def render(
     `reward` is the reward group's current size and the drained replicas to delete (see scaling.py);
     `finished` (the driver Job completed or failed) releases the pools but keeps the driver Job.
     """
-    docs = [_finish(doc, job, owner) for doc in (*render_rbac(job), render_config_map(job), *render_services(job))]
+    docs = [finish(doc, job, owner) for doc in (*render_rbac(job), render_config_map(job), *render_services(job))]
+    if options.network_policy:
+        docs.insert(0, finish(render_network_policy(job, options), job, owner))
     docs += render_pools(job, options, reward or RewardGroup(), finished, owner)
     if not job.spec.suspend:
-        docs.append(_finish(render_driver(job, options), job, owner))
+        docs.append(finish(render_driver(job, options), job, owner))
     return docs
 
 

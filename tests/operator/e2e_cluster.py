@@ -177,6 +177,13 @@ class Cluster:
         path.write_text(yaml.safe_dump(config))
         return path
 
+    def audit(self) -> list[dict[str, Any]]:
+        """The API server's audit events so far (e2e/cluster.sh logs the rljob-system accounts' requests)."""
+        path = self.state / "audit.log"
+        if not path.exists():
+            return []
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
     def kubelet(self, namespace: str, selector: str, phase: str) -> int:
         """Report the selected pods as a kubelet would: Running and Ready, or Succeeded/Failed."""
         pods = self.objects("pods", namespace, selector)
@@ -313,8 +320,10 @@ class FakeControl(control_grpc.ControlServiceServicer):
 
     def __init__(self) -> None:
         self.status: control_pb.JobStatus | None = None
+        self.tokens: set[str] = set()  # the bearer tokens callers sent
 
     def GetJobStatus(self, request: Any, context: grpc.ServicerContext) -> control_pb.GetJobStatusResponse:
+        self.tokens |= {str(v) for k, v in context.invocation_metadata() if k == "authorization"}
         if self.status is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "controller not running")
         return control_pb.GetJobStatusResponse(status=self.status)

@@ -10,7 +10,17 @@ import yaml
 from e2e_cluster import REPO, Cluster, wait_for
 
 ARITHMETIC = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
-CHILD_KINDS = ("serviceaccount", "role", "rolebinding", "configmap", "service", "raycluster", "job")
+CHILD_KINDS = (
+    "networkpolicy",
+    "secret",
+    "serviceaccount",
+    "role",
+    "rolebinding",
+    "configmap",
+    "service",
+    "raycluster",
+    "job",
+)
 
 
 def rljob(name: str, namespace: str, **spec: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -121,7 +122,8 @@ def install_operator(cluster: Cluster, image: str, namespace: str = "rljob-syste
     subprocess.run(
         [str(Path(cluster.env["RLJOB_E2E_BIN"]) / "helm"), "install", "rljob", str(CHART),
          "--namespace", namespace, "--create-namespace", "--wait", "--timeout", "5m",
-         "--set", f"image.repository={repository}", "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never",
+         "--set", f"image.repository={repository}", "--set-string", f"image.tag={tag}",  # a hash may be all digits
+         "--set", "image.pullPolicy=Never",
          "--set", "operator.interval=1",
          "--set-json", f"nodeSelector={json.dumps(NODE_SELECTOR)}",
          "--set-json", f"tolerations={json.dumps(TOLERATIONS)}",
@@ -240,3 +242,84 @@ def wait_gone(cluster: Cluster, namespace: str, selector: str, kinds: str, timeo
         return out.returncode == 0 and not out.stdout.strip()
 
     wait_for(f"{kinds} of {selector} deleted", gone, timeout=timeout, every=1)
+
+
+INTRUDER_NS = "rljob-e2e-intruder"
+# Run in a pod of another namespace: Stop the job and FetchWeights from its trainer, without the job's
+# token and with a wrong one; prints each call's status code as JSON.
+INTRUDER_SCRIPT = """
+import asyncio, json, sys
+import grpc
+from rljob.v1 import control_service_pb2 as c, weight_service_pb2 as w
+
+async def code(address, path, request, parse, streaming, metadata):
+    async with grpc.aio.insecure_channel(address) as ch:
+        call = (ch.unary_stream if streaming else ch.unary_unary)(
+            path, request_serializer=lambda m: m.SerializeToString(), response_deserializer=parse)
+        try:
+            if streaming:
+                async for _ in call(request, metadata=metadata, timeout=10):
+                    pass
+            else:
+                await call(request, metadata=metadata, timeout=10)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code().name
+    return "OK"
+
+async def main(control, weights):
+    calls = {
+        "Stop": (control, "/rljob.v1.ControlService/Stop", c.StopRequest(), c.StopResponse.FromString, False),
+        "FetchWeights": (weights, "/rljob.v1.WeightService/FetchWeights", w.FetchWeightsRequest(),
+                         w.FetchWeightsResponse.FromString, True),
+    }
+    out = {}
+    for name, args in calls.items():
+        out[name] = [await code(*args, ()), await code(*args, (("authorization", "Bearer not-the-token"),))]
+    print(json.dumps(out))
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def intruder_pod(image: str, control: str, weights: str) -> dict[str, Any]:
+    """A pod in another namespace, without the job's token, calling its ControlService and WeightService."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "intruder", "namespace": INTRUDER_NS},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": NODE_SELECTOR,  # the real node, not a kwok one
+            "tolerations": TOLERATIONS,
+            "containers": [
+                {
+                    "name": "intruder",
+                    "image": image,
+                    "imagePullPolicy": "Never",
+                    "command": [f"{ENV_MOUNT}/bin/python", "-c", INTRUDER_SCRIPT, control, weights],
+                }
+            ],
+        },
+    }
+
+
+def intrude(cluster: Cluster, image: str, namespace: str, job: str) -> dict[str, list[str]]:
+    """Run the intruder against the running job; what each of its calls got."""
+    log = cluster.kubectl("logs", "-n", namespace, f"job/{job}-driver").stdout
+    found = re.search(r"WeightService on (\S+)", log)
+    assert found, f"the driver did not log its WeightService address:\n{log[-2000:]}"
+    control = f"{job}-control.{namespace}.svc:50051"
+    cluster.kubectl("create", "namespace", INTRUDER_NS, check=False)
+    cluster.apply(intruder_pod(image, control, found.group(1)))
+    wait_for(
+        "the intruder pod to finish",
+        lambda: (
+            (cluster.get("pod", "intruder", INTRUDER_NS) or {}).get("status", {}).get("phase")
+            in ("Succeeded", "Failed")
+        ),
+        timeout=120,
+    )
+    out = cluster.kubectl("logs", "-n", INTRUDER_NS, "intruder").stdout
+    assert out.strip(), cluster.kubectl("describe", "pod", "-n", INTRUDER_NS, "intruder").stdout
+    result: dict[str, list[str]] = json.loads(out.strip().splitlines()[-1])
+    return result

@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from e2e_real import (
     images_missing,
     import_images,
     install_operator,
+    intrude,
     local_job,
     make_assets,
     make_runs_folder,
@@ -90,9 +91,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         cluster.script("clean")
 
 
-def watch(cluster: Cluster, started: float) -> tuple[dict[str, Any], float | None]:
-    """Follow the RLJob's status until it ends, printing each change; returns the last status and the
-    seconds from apply to its first train step."""
+def watch(
+    cluster: Cluster, started: float, on_first_step: Callable[[], None] = lambda: None
+) -> tuple[dict[str, Any], float | None]:
+    """Follow the RLJob's status until it ends, printing each change, calling `on_first_step` once the
+    first step is trained; returns the last status and the seconds from apply to its first train step."""
     first_step: float | None = None
     seen: tuple[Any, ...] = ()
     status: dict[str, Any] = {}
@@ -103,6 +106,7 @@ def watch(cluster: Cluster, started: float) -> tuple[dict[str, Any], float | Non
         now = time.monotonic() - started
         if first_step is None and status.get("step", 0) >= 1:
             first_step = now
+            on_first_step()
         shown = (status.get("phase"), status.get("step"), status.get("message"))
         if shown != seen:
             reward = (status.get("reward") or {}).get("mean")
@@ -117,11 +121,19 @@ def watch(cluster: Cluster, started: float) -> tuple[dict[str, Any], float | Non
 def test_apply_trains_to_succeeded_and_delete_leaves_nothing(setup: Setup) -> None:
     cluster = setup.cluster
     job = cluster_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"])
+    intruder: dict[str, list[str]] = {}
+
+    def intrude_once() -> None:  # a pod of another namespace, without the token, while the job trains
+        intruder.update(intrude(cluster, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"], NS, JOB))
+
     started = time.monotonic()
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
-    status, first_step = watch(cluster, started)
+    status, first_step = watch(cluster, started, intrude_once)
     took = time.monotonic() - started
     assert status.get("phase") == "Succeeded", f"the run ended {status.get('phase')}:\n{diagnose(cluster, NS)}"
+    # The intruder reached both ports (the e2e node's bridge enforces no NetworkPolicy) and was refused
+    # by the token: no Stop, no weights; the run went on to Succeeded.
+    assert intruder == {"Stop": ["UNAUTHENTICATED"] * 2, "FetchWeights": ["UNAUTHENTICATED"] * 2}, intruder
     final_line = cluster.kubectl("get", "rlj", JOB, "-n", NS).stdout
 
     # the run's own record, on the run volume: 100 steps, learned, and its checkpoint
@@ -140,7 +152,12 @@ def test_apply_trains_to_succeeded_and_delete_leaves_nothing(setup: Setup) -> No
     # kubectl delete: every child goes (pods, services, the driver Job, ConfigMap, RBAC, RayCluster)
     cluster.kubectl("delete", "rlj", JOB, "-n", NS, "--wait=true", "--timeout=120s")
     selector = f"rljob.io/job={JOB}"
-    wait_gone(cluster, NS, selector, "pods,services,jobs,configmaps,serviceaccounts,roles,rolebindings,rayclusters")
+    wait_gone(
+        cluster,
+        NS,
+        selector,
+        "pods,services,jobs,configmaps,secrets,networkpolicies,serviceaccounts,roles,rolebindings,rayclusters",
+    )
     wait_for("no pod in the namespace", lambda: not cluster.kubectl("get", "pods", "-n", NS, "-o", "name").stdout)
     services = cluster.kubectl("get", "services", "-n", NS, "-o", "name").stdout
     claims = cluster.kubectl("get", "pvc", "-n", NS, "-o", "name").stdout.split()

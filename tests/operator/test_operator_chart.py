@@ -17,6 +17,7 @@ from rljob_operator.kube import KINDS
 from rljob_operator.metrics import OperatorMetrics
 from rljob_operator.options import RenderOptions
 from rljob_operator.render import render
+from rljob_operator.rights import CLUSTER_RIGHTS, RIGHTS, verbs_by_resource
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "rljob-operator"
@@ -140,25 +141,32 @@ def test_values_file_matches_its_schema() -> None:
         jsonschema.validate({**values, "imagee": {}}, schema)
 
 
+def granted(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {(g, r, v) for rule in rules for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]}
+
+
 @needs_helm
-def test_rbac_covers_what_the_operator_does() -> None:
-    """Every child kind the operator applies is allowed get/create/patch; the pools and driver delete."""
-    rules = one(template(), "ClusterRole", "r-rljob-operator")["rules"]
-
-    def allowed(group: str, resource: str) -> set[str]:
-        return {v for r in rules if group in r["apiGroups"] and resource in r["resources"] for v in r["verbs"]}
-
+@pytest.mark.parametrize("namespaced", [False, True], ids=["cluster", "namespaced"])
+def test_rbac_grants_exactly_the_operators_rights(namespaced: bool) -> None:
+    """Nothing granted that rights.py does not list, nothing listed that is not granted; namespaced
+    rights in a Role per namespace in namespaced mode, the CRD watch cluster-wide in both."""
+    sets = ["watch.scope=namespaces", "watch.namespaces={research,team-a}"] if namespaced else []
+    docs = template(*sets)
+    crds = one(docs, "ClusterRole", "r-rljob-operator-crds")["rules"]
+    assert granted(crds) == verbs_by_resource(CLUSTER_RIGHTS)
+    if namespaced:
+        roles = [d for d in docs if d["kind"] == "Role"]
+        assert sorted(r["metadata"]["namespace"] for r in roles) == ["research", "team-a"]
+        assert not [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "r-rljob-operator"]
+        for role in roles:
+            assert granted(role["rules"]) == verbs_by_resource(RIGHTS)
+    else:
+        assert granted(one(docs, "ClusterRole", "r-rljob-operator")["rules"]) == verbs_by_resource(RIGHTS)
+    # Every kind the operator renders is covered: applied (patch, and create for the first apply).
     for doc in render(load_rljob(REPO / "examples" / "gpu-cluster.yaml"), RenderOptions()):
         prefix, plural = KINDS[doc["kind"]]
         group = "" if prefix == "api/v1" else prefix.split("/")[1]
-        cached = doc["kind"] in ("RayCluster", "Job")  # informers list and watch them; suspend deletes them
-        wanted = {"get", "create", "patch"} | ({"delete", "list", "watch"} if cached else set())
-        assert wanted <= allowed(group, plural), doc["kind"]
-    assert {"get", "list", "watch", "patch"} <= allowed("rljob.io", "rljobs")
-    assert {"patch"} <= allowed("rljob.io", "rljobs/status")
-    assert {"create"} <= allowed("", "events")
-    assert {"list", "watch"} <= allowed("", "pods")
-    assert not [r for r in rules if "*" in r["verbs"] or "*" in r["resources"]]
+        assert {(group, plural, "patch"), (group, plural, "create")} <= verbs_by_resource(RIGHTS), doc["kind"]
 
 
 def _known_metrics() -> set[str]:
@@ -186,3 +194,35 @@ def test_dashboard_uses_exported_metrics() -> None:
         assert topic in used, topic
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+@needs_helm
+def test_chart_network_policy_values_reach_the_rendered_policy() -> None:
+    """The Deployment's environment, parsed as the operator parses it, lets in the operator's own pods
+    (its release namespace and labels) on the control port and the scrapers' namespace on metrics."""
+    from rljob_operator.config import parse_config
+
+    deployment = one(template("networkPolicy.egress[0].ports[0].port=53"), "Deployment")
+    env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    options = parse_config([], env).render
+    (policy,) = [
+        d for d in render(load_rljob(REPO / "examples" / "gpu-cluster.yaml"), options) if d["kind"] == "NetworkPolicy"
+    ]
+    _own, operator, scrapers = policy["spec"]["ingress"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert operator["from"] == [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "ops"}},
+            "podSelector": {"matchLabels": labels},
+        }
+    ]
+    assert scrapers["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["spec"]["egress"][1] == {"ports": [{"port": 53}]}
+    off = one(template("networkPolicy.enabled=false"), "Deployment")
+    env = {e["name"]: e["value"] for e in off["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert not [
+        d
+        for d in render(load_rljob(REPO / "examples" / "gpu-cluster.yaml"), parse_config([], env).render)
+        if d["kind"] == "NetworkPolicy"
+    ]

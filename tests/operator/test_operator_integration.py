@@ -16,6 +16,7 @@ regenerated one before committing it).
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import signal
 import time
@@ -44,6 +45,7 @@ from rljob_operator.handlers import poll_job
 from rljob_operator.kube import Kube
 from rljob_operator.metrics import OperatorMetrics
 from rljob_operator.reconciler import Context, parse_job
+from rljob_operator.rights import CLUSTER_RIGHTS, RIGHTS, verbs_by_resource
 
 pytestmark = skip_without_binaries()
 pytest_plugins = ["e2e_fixtures"]
@@ -62,6 +64,8 @@ def test_children_appear_owned_and_labelled(cluster: Cluster, operator: Operator
             ], kind
             assert meta["labels"]["app.kubernetes.io/managed-by"] == "rljob-operator"
             assert meta["labels"]["team"] == "e2e"
+            if kind == "secret":  # created once, never applied: the token must not change
+                continue
             managers = {m["manager"] for m in meta.get("managedFields", []) if m["operation"] == "Apply"}
             assert managers == {"rljob-operator"}, kind
     # Applied at the first attempt (a RoleBinding applied before its Role is refused, for one).
@@ -104,6 +108,10 @@ def test_status_events_and_progress(cluster: Cluster, operator: OperatorProcess,
     reasons = [e["reason"] for e in cluster.events(ns, "progress")]
     for reason in ("Provisioning", "Running", "Succeeded", "PoolsReleased"):
         assert reason in reasons, reasons
+    # The poller sent the job's own token, from the Secret the operator made for it.
+    secret = cluster.get("secret", "progress-token", ns)
+    assert secret is not None and secret["type"] == "Opaque"
+    assert f"Bearer {base64.b64decode(secret['data']['token']).decode()}" in fake.tokens
 
 
 def test_insufficient_gpus_is_degraded(cluster: Cluster, operator: OperatorProcess, ns: str) -> None:
@@ -279,3 +287,27 @@ def test_operator_metrics(cluster: Cluster, operator: OperatorProcess) -> None:
     assert "rljob_operator_reconcile_seconds_bucket" in text
     assert 'rljob_operator_jobs{phase="Running"}' in text
     assert "rljob_operator_pool_replicas" in text
+
+
+def test_operator_requests_exactly_its_rights(cluster: Cluster, operator: OperatorProcess) -> None:
+    """Last in the module: over everything above, the operator (as the chart's ServiceAccount) was
+    refused nothing, requested nothing rights.py does not list, and every right listed as requested."""
+    account = "system:serviceaccount:rljob-system:rljob-rljob-operator"
+    events = [e for e in cluster.audit() if e["user"]["username"] == account and e.get("objectRef")]
+    assert events, "no audit events of the operator: is the API server's audit log on (e2e/cluster.sh)?"
+    # RBAC's refusals (not admission's, such as a namespace being deleted)
+    refused = {
+        (e["verb"], e["requestURI"])
+        for e in events
+        if (e.get("annotations") or {}).get("authorization.k8s.io/decision") == "forbid"
+    }
+    assert not refused, f"the chart's RBAC refused the operator: {sorted(refused)}"
+    used = set()
+    for e in events:
+        ref = e["objectRef"]
+        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        used.add((ref.get("apiGroup", ""), resource, e["verb"]))
+    listed = verbs_by_resource(RIGHTS + CLUSTER_RIGHTS, requested_only=True)
+    print("requested, not listed:", sorted(used - listed), "listed, never requested:", sorted(listed - used))
+    assert used - listed == set(), "requested but not in rights.py (nor, so, in the chart)"
+    assert listed - used == set(), "in rights.py as requested, but never requested"

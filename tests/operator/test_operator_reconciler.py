@@ -47,6 +47,14 @@ class FakeKube:
         self.put(copy.deepcopy(doc))
         return doc
 
+    async def create(self, doc: dict[str, Any]) -> bool:
+        meta = doc["metadata"]
+        if (doc["kind"], meta["namespace"], meta["name"]) in self.objects:
+            return False
+        self.writes.append(("create", doc["kind"], meta["name"]))
+        self.put(copy.deepcopy(doc))
+        return True
+
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.objects.get((kind, namespace, name)))
 
@@ -112,7 +120,7 @@ class FakeControl:
     def __init__(self) -> None:
         self.status: control_pb.JobStatus | None = None
 
-    async def snapshot(self, address: str) -> control_pb.JobStatus | None:
+    async def snapshot(self, address: str, token: str) -> control_pb.JobStatus | None:
         return self.status
 
     async def forget(self, address: str) -> None:

@@ -25,8 +25,17 @@ GOLDEN = Path(__file__).parent / "golden"
 OWNER_UID = "00000000-0000-0000-0000-000000000001"
 
 
-def rendered(job: RLJob, **kwargs: Any) -> list[dict[str, Any]]:
-    return render(job, RenderOptions(), owner=Owner(job.metadata.name, OWNER_UID), **kwargs)
+# What the chart's defaults pass the operator (see charts/rljob-operator/templates/_helpers.tpl).
+OPERATOR_PEER = {
+    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rljob-system"}},
+    "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rljob-operator"}},
+}
+SCRAPER_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+CHART_OPTIONS = RenderOptions(operator_peers=(OPERATOR_PEER,), scraper_peers=(SCRAPER_PEER,))
+
+
+def rendered(job: RLJob, options: RenderOptions = CHART_OPTIONS, **kwargs: Any) -> list[dict[str, Any]]:
+    return render(job, options, owner=Owner(job.metadata.name, OWNER_UID), **kwargs)
 
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -71,6 +80,7 @@ def test_render_is_deterministic() -> None:
 def test_children_rendered() -> None:
     kinds = [d["kind"] for d in rendered(load_rljob(REPO / "examples" / "arithmetic.yaml"))]
     assert kinds == [
+        "NetworkPolicy",
         "ServiceAccount",
         "Role",
         "RoleBinding",

@@ -55,25 +55,50 @@ kind: server-side apply (create, patch) and get; list/watch for the kinds its in
 Creating the jobs' Roles needs the permissions they grant (configmaps get, pods get/list/watch),
 which this rule set holds.
 */}}
+{{/* The operator's pods as a NetworkPolicy peer: they poll each job's ControlService. */}}
+{{- define "rljob-operator.operatorPeers" -}}
+{{- $peer := dict "namespaceSelector" (dict "matchLabels" (dict "kubernetes.io/metadata.name" .Release.Namespace)) "podSelector" (dict "matchLabels" (include "rljob-operator.selectorLabels" . | fromYaml)) -}}
+{{- list $peer | toJson -}}
+{{- end }}
+
+{{/* The metrics scrapers as NetworkPolicy peers: none without a namespace selector. */}}
+{{- define "rljob-operator.scraperPeers" -}}
+{{- with .Values.networkPolicy.scrapeNamespaceSelector -}}
+{{- list (dict "namespaceSelector" .) | toJson -}}
+{{- else -}}
+[]
+{{- end -}}
+{{- end }}
+
+{{- /* Exactly operator/rljob_operator/rights.py's RIGHTS (tests/operator/test_operator_chart.py checks it). */}}
 {{- define "rljob-operator.rules" -}}
 - apiGroups: [rljob.io]
   resources: [rljobs]
-  verbs: [get, list, watch, patch]
+  verbs: [list, watch, patch]
 - apiGroups: [rljob.io]
   resources: [rljobs/status]
-  verbs: [get, patch]
+  verbs: [patch]
 - apiGroups: [rljob.io]
   resources: [rljobs/finalizers]
   verbs: [update]
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create]
 - apiGroups: [""]
-  resources: [configmaps, services, serviceaccounts]
+  resources: [secrets]
+  verbs: [create, get]
+- apiGroups: [""]
+  resources: [configmaps]
   verbs: [get, create, patch]
+- apiGroups: [""]
+  resources: [services, serviceaccounts]
+  verbs: [create, patch]
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
-  verbs: [get, create, patch]
+  verbs: [create, patch]
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create, patch]
 - apiGroups: [ray.io]
   resources: [rayclusters]
   verbs: [get, list, watch, create, patch, delete]

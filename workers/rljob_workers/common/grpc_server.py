@@ -20,6 +20,8 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 from grpc_reflection.v1alpha._async import ReflectionServicer
 
+from rljob_workers.common.auth import TokenCheck, token_interceptors
+
 # Large enough for a weight chunk or a long completion; bigger payloads are chunked.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 SERVER_OPTIONS = [
@@ -62,9 +64,13 @@ class RunningServer:
         await self.server.stop(grace)
 
 
-async def start_server(services: Sequence[Service], host: str = "127.0.0.1", port: int = 0) -> RunningServer:
-    """Serve `services` plus grpc.health.v1 and reflection; port 0 picks a free port."""
-    server = grpc.aio.server(options=SERVER_OPTIONS)
+async def start_server(
+    services: Sequence[Service], host: str = "127.0.0.1", port: int = 0, *, token: str | None = None
+) -> RunningServer:
+    """Serve `services` plus grpc.health.v1 and reflection; port 0 picks a free port. With a `token`
+    every call but a health check must carry it (see auth.py)."""
+    interceptors = [TokenCheck(token)] if token is not None else []
+    server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
     health = HealthServicer()
     for service in services:
         _add_lenient(service, server)
@@ -182,6 +188,7 @@ def _stream_stream(inner: Any) -> Any:
     return behaviour
 
 
-def channel(address: str) -> grpc.aio.Channel:
-    """An asyncio channel with rljob's message limits."""
-    return grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
+def channel(address: str, token: str | None = None) -> grpc.aio.Channel:
+    """An asyncio channel with rljob's message limits; with a `token`, every call carries it."""
+    interceptors = token_interceptors(token) if token is not None else None
+    return grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS, interceptors=interceptors)

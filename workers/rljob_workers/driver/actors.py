@@ -15,6 +15,8 @@ from typing import Any, cast
 
 import ray
 
+from rljob_workers.common.auth import required_job_token
+
 
 def node_host() -> str:
     """The address other pools reach this actor at (the Ray node's IP; 127.0.0.1 locally)."""
@@ -61,7 +63,7 @@ class RolloutActor(_ServerActor):
         # Replicas sample differently: the same seed everywhere would duplicate their samples.
         config.seed += 1_000_003 * self.index
         host = node_host()
-        self.server, self.servicer = await serve_rollout(config, host, 0)
+        self.server, self.servicer = await serve_rollout(config, host, 0, token=required_job_token())
         return f"{host}:{self.server.port}"
 
     async def stop(self) -> None:
@@ -80,7 +82,7 @@ class RewardActor(_ServerActor):
 
         host = node_host()
         config = RewardWorkerConfig.model_validate_json(self.config_json)
-        self.server, self.servicer = await serve_reward(config, host, 0)
+        self.server, self.servicer = await serve_reward(config, host, 0, token=required_job_token())
         return f"{host}:{self.server.port}"
 
     async def stop(self) -> None:
@@ -148,7 +150,7 @@ class TrainerActor:
         device = bucket_device(cast(Any, self.config.weight_sync.backend), self.trainer.device)
         self.publisher = WeightPublisher(self.config.weight_sync.bucket_size_mb * 1024 * 1024, device=device)
         host = node_host()
-        self.weight_server = await start_server([weight_service(self.publisher)], host, 0)
+        self.weight_server = await start_server([weight_service(self.publisher)], host, 0, token=required_job_token())
         return f"{host}:{self.weight_server.port}"
 
     async def publish(self, version: int, broadcast: bool = False) -> None:

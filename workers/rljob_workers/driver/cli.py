@@ -65,7 +65,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     """Print the status of a running controller (its ControlService)."""
     from rljob_workers.driver.local import print_status
 
-    return print_status(args.address)
+    return print_status(args.address, token_file=args.token_file, secret=args.secret, namespace=args.namespace)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("status", cmd_status)
     p.add_argument("address", help="host:port of the controller's ControlService")
+    p.add_argument("--token-file", type=Path, default=None, help="the job's token (rljob run writes <output>/token)")
+    p.add_argument("--secret", default=None, help="read the token from this Secret (<job>-token) with the kubeconfig")
+    p.add_argument("--namespace", default="default", help="namespace of --secret")
     return parser
 
 

@@ -13,6 +13,7 @@ import ray
 
 from rljob.v1 import rollout_service_pb2
 from rljob_api.workercfg import Pool, WorkerConfigs, pool_resource
+from rljob_workers.common.auth import TOKEN_FILE_ENV
 from rljob_workers.driver.actors import RewardActor, RolloutActor, TrainerActor
 from rljob_workers.trainer.policy import TrainSample, combine_rank_metrics
 
@@ -55,13 +56,14 @@ WORKER_ENV = {
 }
 
 
-def _options(pool: Pool, cpus: float, gpus: int) -> dict[str, Any]:
+def _options(pool: Pool, cpus: float, gpus: int, token_file: str) -> dict[str, Any]:
+    """An actor of `pool`; `token_file` is where its process reads the job's token (see common/auth.py)."""
     return {
         "resources": {pool_resource(pool): 1},
         "num_cpus": cpus,
         "num_gpus": gpus,
         "max_restarts": 0,
-        "runtime_env": {"env_vars": WORKER_ENV},
+        "runtime_env": {"env_vars": {**WORKER_ENV, TOKEN_FILE_ENV: token_file}},
     }
 
 
@@ -76,12 +78,13 @@ class RayTrainer:
     plans: bytes = b""
 
     @classmethod
-    async def start(cls, configs: WorkerConfigs, cpus: float, resume_dir: str | None) -> RayTrainer:
+    async def start(cls, configs: WorkerConfigs, cpus: float, resume_dir: str | None, token_file: str) -> RayTrainer:
         world = configs.trainer.world_size
         gpus = 1 if configs.trainer.gpus_per_node > 0 else 0
         config_json = configs.trainer.model_dump_json()
+        options = _options("trainer", cpus, gpus, token_file)
         actors = [
-            TrainerActor.options(**_options("trainer", cpus, gpus)).remote(config_json, rank, world, cpus)  # type: ignore[attr-defined]
+            TrainerActor.options(**options).remote(config_json, rank, world, cpus)  # type: ignore[attr-defined]
             for rank in range(world)
         ]
         address = await actors[0].dist_address.remote() if world > 1 else None
@@ -136,6 +139,7 @@ class ActorPool:
     config_json: str
     cpus: float
     gpus: int
+    token_file: str = ""  # set before the first add: where the replicas read the job's token
     actors: dict[str, Any] = field(default_factory=dict)
     addresses: dict[str, str] = field(default_factory=dict)
     _next: int = 0
@@ -144,7 +148,7 @@ class ActorPool:
         index = self._next
         name = f"{self.pool}-{index}"
         self._next += 1
-        options = _options(self.pool, self.cpus, self.gpus)
+        options = _options(self.pool, self.cpus, self.gpus, self.token_file)
         actor = self.actor_class.options(**options).remote(self.config_json, self.cpus, index)
         address = await actor.start.remote()
         self.actors[name], self.addresses[name] = actor, address

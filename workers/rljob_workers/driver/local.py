@@ -15,6 +15,7 @@ from rljob.v1 import control_service_pb2 as control_pb
 from rljob.v1 import control_service_pb2_grpc as control_grpc
 from rljob_api import RLJob, RLJobInvalid
 from rljob_api.workercfg import WorkerConfigs
+from rljob_workers.common.auth import TokenError
 from rljob_workers.driver.rundir import lock_run_folders
 from rljob_workers.driver.setup import SetupError, load_job_file, prepare
 
@@ -56,6 +57,7 @@ def _run_with_restarts(args: argparse.Namespace, job: RLJob, configs: WorkerConf
     from rljob_workers.driver.local_run import EXIT_TRAINER_LOST, LocalRun
 
     budget = configs.controller.max_restarts["trainer"]
+    token = None  # one token for the whole run, made by the first attempt
     for restart in range(budget + 1):
         run = LocalRun(
             job,
@@ -68,9 +70,11 @@ def _run_with_restarts(args: argparse.Namespace, job: RLJob, configs: WorkerConf
             job_file=args.file,
             stop_timeout=args.stop_timeout,
             lock_folders=False,
+            token=token,
         )
         try:
             rc = asyncio.run(run.main())
+            token = run.token
         except SetupError as exc:
             print(exc, file=sys.stderr)
             return 2
@@ -82,23 +86,54 @@ def _run_with_restarts(args: argparse.Namespace, job: RLJob, configs: WorkerConf
     return 1
 
 
-async def fetch_status(address: str) -> control_pb.JobStatus:
+async def fetch_status(address: str, token: str | None) -> control_pb.JobStatus:
     from rljob_workers.common.grpc_server import channel
 
-    async with channel(address) as ch:
+    async with channel(address, token) as ch:
         reply = await control_grpc.ControlServiceStub(ch).GetJobStatus(control_pb.GetJobStatusRequest(), timeout=10)
         return reply.status
 
 
-def print_status(address: str) -> int:
+def secret_token(name: str, namespace: str) -> str:
+    """The token in a job's Secret, read with the kubeconfig (the kubernetes client, rljob[operator])."""
+    import base64
+
+    try:
+        from kubernetes import client, config
+    except ImportError:
+        raise TokenError(
+            "--secret needs the kubernetes client (pip install 'rljob[operator]'); or use --token-file"
+        ) from None
+    from kubernetes.client.exceptions import ApiException
+
+    config.load_kube_config()
+    try:
+        secret = client.CoreV1Api().read_namespaced_secret(name, namespace)
+    except ApiException as exc:
+        raise TokenError(f"Secret {namespace}/{name}: {exc.status} {exc.reason}") from None
+    data = (secret.data or {}).get("token")
+    if not data:
+        raise TokenError(f"Secret {namespace}/{name} has no key 'token'")
+    return base64.b64decode(data).decode().strip()
+
+
+def print_status(address: str, token_file: Path | None = None, secret: str | None = None, namespace: str = "") -> int:
     import grpc
 
+    from rljob_workers.common.auth import read_token
     from rljob_workers.driver.display import Progress
 
     try:
-        status = asyncio.run(fetch_status(address))
+        token = read_token(token_file) if token_file else secret_token(secret, namespace) if secret else None
+        status = asyncio.run(fetch_status(address, token))
+    except TokenError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     except grpc.aio.AioRpcError as exc:
-        print(f"{address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        hint = ""
+        if exc.code() == grpc.StatusCode.UNAUTHENTICATED:
+            hint = " (pass --token-file: rljob run writes <output>/token; on a cluster --secret <job>-token)"
+        print(f"{address}: {exc.code().name}: {exc.details()}{hint}", file=sys.stderr)
         return 1
     with contextlib.suppress(Exception):
         Progress("status", live=False).final(status)

@@ -17,6 +17,7 @@ from rljob.v1 import control_service_pb2 as control_pb
 from rljob.v1 import control_service_pb2_grpc as control_grpc
 from rljob_api import RLJob
 from rljob_api.workercfg import TERMINATION_LOG_ENV, WorkerConfigs
+from rljob_workers.common.auth import JobToken, TokenError
 from rljob_workers.common.grpc_server import RunningServer, Service, start_server
 from rljob_workers.driver.controller.data import load_prompts
 from rljob_workers.driver.controller.elastic import ElasticRewardPool
@@ -42,6 +43,15 @@ log = logging.getLogger("rljob")
 EXIT_TRAINER_LOST = 75
 
 
+def job_token(output: Path, *, cluster: bool) -> JobToken:
+    """The run's token: on a cluster the one the operator mounted (RLJOB_TOKEN_FILE), else a new one in
+    the output folder (where `rljob status --token-file` finds it)."""
+    try:
+        return JobToken.from_env() if cluster else JobToken.new(output)
+    except TokenError as exc:
+        raise SetupError(str(exc)) from None
+
+
 class LocalRun:
     """Everything one `rljob run` starts, so that it can all be stopped again."""
 
@@ -59,10 +69,12 @@ class LocalRun:
         job_file: Path | None = None,
         stop_timeout: float = 60.0,
         lock_folders: bool = True,
+        token: JobToken | None = None,
     ) -> None:
         self.cluster = cluster
         self.job_file = job_file
         self.lock_folders = lock_folders  # False: the caller holds them (across trainer restarts)
+        self.token = token  # None: made in main() (see job_token)
         self.signals = SignalStop(stop_timeout)
         self.supervisors: list[PoolSupervisor] = []
         self.trainer_watch = TrainerWatch([])
@@ -102,10 +114,17 @@ class LocalRun:
             )
         return found
 
+    def _use_token(self, token: JobToken) -> None:
+        """Every pool serves with `token`; every client of the run sends it."""
+        self.token = token
+        self.rollout.token_file = self.reward.token_file = token.path
+        self.clients.token = self.router.token = token.value
+
     async def _start_pools(self, resume_dir: Path | None) -> RayTrainer:
+        assert self.token is not None  # main() set it
         c = self.configs
         trainer_task = asyncio.ensure_future(
-            RayTrainer.start(c, self.cpus["trainer"], str(resume_dir) if resume_dir else None)
+            RayTrainer.start(c, self.cpus["trainer"], str(resume_dir) if resume_dir else None, self.token.path)
         )
         replicas = await asyncio.gather(*(self.rollout.add() for _ in range(c.controller.rollout_replicas)))
         rewards = await asyncio.gather(*(self.reward.add() for _ in range(max(c.controller.reward_replicas.min, 1))))
@@ -130,7 +149,7 @@ class LocalRun:
         name = control_pb.DESCRIPTOR.services_by_name["ControlService"].full_name
         service = Service(control_grpc.add_ControlServiceServicer_to_server, ControlServicer(view), name)
         port = self.configs.ports.control if self.cluster else 0
-        return await start_server([service], self.serve_host, port)
+        return await start_server([service], self.serve_host, port, token=self.token.value if self.token else None)
 
     # ---- run -----------------------------------------------------------------------------
     async def main(self) -> int:
@@ -138,6 +157,7 @@ class LocalRun:
         # Before anything is read or written.
         locks = lock_run_folders(self.output, Path(c.trainer.checkpoint.dir)) if self.lock_folders else []
         try:
+            self._use_token(self.token or job_token(self.output, cluster=self.cluster))
             resume_dir = self._resume_dir()
             state = checkpoint.read_state(resume_dir) if resume_dir else {}
             prompts = load_prompts(
@@ -212,8 +232,9 @@ class LocalRun:
         port = self.metrics.serve(self.metrics_port, self.serve_host)
         self.control = await self._serve_control(view)
         log.info(
-            "pools up in %.1fs; ControlService on %s:%d, metrics on http://%s:%d/metrics",
+            "pools up in %.1fs; ControlService on %s:%d, metrics on http://%s:%d/metrics, WeightService on %s",
             *(time.monotonic() - started, self.serve_host, self.control.port, self.serve_host, port),
+            trainer.weight_address,
         )
         view.phase = control_pb.RUN_PHASE_RUNNING
         self.elastic = ElasticRewardPool(

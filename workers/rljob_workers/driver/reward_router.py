@@ -115,7 +115,9 @@ class RewardRouter:
         max_resends: int = 2,
         info_timeout: float = 10.0,
         max_sample_bytes: int = MAX_SAMPLE_BYTES,
+        token: str | None = None,
     ) -> None:
+        self.token = token  # the job's, sent on every stream
         self.replica_timeout = replica_timeout
         # A request over the replica's message limit would fail its whole stream, and every sample in
         # flight on it: refuse such a sample up front, naming it.
@@ -139,7 +141,7 @@ class RewardRouter:
         """Open a Score stream to `address`; its limit comes from Info unless given."""
         if name in self._replicas:
             raise ValueError(f"reward replica {name!r} is already in the router")
-        ch = channel(address)
+        ch = channel(address, self.token)
         try:
             info = await reward_service_pb2_grpc.RewardServiceStub(ch).Info(
                 reward_service_pb2.InfoRequest(), timeout=self.info_timeout

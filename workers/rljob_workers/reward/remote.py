@@ -244,6 +244,8 @@ class RemoteScorer:
             endpoint.breaker.record_failure()
             if endpoint.info is not None and endpoint.info.done():
                 endpoint.info = None  # it may come back as another version: ask its Info again
+            if "CERTIFICATE_VERIFY_FAILED" in detail:  # retried (the CA may be fixed), but say what to fix
+                detail += " (check caFile: it did not sign the endpoint's certificate)"
             raise _Retry(f"{where}: {detail}")
         endpoint.breaker.record_success()  # it answered: the endpoint is up, the call is wrong
         error_class = INVALID if code == grpc.StatusCode.INVALID_ARGUMENT else FUNCTION

@@ -252,16 +252,28 @@ class RewardServicer(reward_service_pb2_grpc.RewardServiceServicer):
 
 
 async def start_reward_server(
-    functions: RewardFunctionSet, *, name: str, max_in_flight: int, host: str = "127.0.0.1", port: int = 0
+    functions: RewardFunctionSet,
+    *,
+    name: str,
+    max_in_flight: int,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
 ) -> tuple[RunningServer, RewardServicer]:
-    """Serve `functions` as a RewardService (plus health and reflection); port 0 picks a free port."""
+    """Serve `functions` as a RewardService (plus health and reflection); port 0 picks a free port. With a
+    `token` every call must carry it (the job's own replicas; a served function is open)."""
     servicer = RewardServicer(functions, name=name, max_in_flight=max_in_flight)
     service = Service(reward_service_pb2_grpc.add_RewardServiceServicer_to_server, servicer, SERVICE_NAME)
-    return await start_server([service], host, port), servicer
+    return await start_server([service], host, port, token=token), servicer
 
 
 async def serve_reward(
-    config: RewardWorkerConfig, host: str = "127.0.0.1", port: int = 0, *, metrics_port: int | None = None
+    config: RewardWorkerConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    metrics_port: int | None = None,
+    token: str | None = None,
 ) -> tuple[RunningServer, RewardServicer]:
     """Start a reward replica from its worker config (the Ray launcher's entry point).
 
@@ -277,7 +289,7 @@ async def serve_reward(
     )
     name = "+".join(functions.names)
     running, servicer = await start_reward_server(
-        functions, name=name, max_in_flight=config.max_in_flight, host=host, port=port
+        functions, name=name, max_in_flight=config.max_in_flight, host=host, port=port, token=token
     )
     if metrics_port is not None:
         servicer.metrics_port = functions.metrics.serve(metrics_port, host)

@@ -94,9 +94,12 @@ def to_completion(sample: FinishedSample) -> sample_pb2.Completion:
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
     """One rollout replica's RolloutService. `on_drain` runs when Drain starts (marks health NOT_SERVING)."""
 
-    def __init__(self, engine: Engine, on_drain: Callable[[], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self, engine: Engine, on_drain: Callable[[], Awaitable[None]] | None = None, token: str | None = None
+    ) -> None:
         self.engine = engine
         self.on_drain = on_drain
+        self.token = token  # the job's: sent when pulling weights from the trainer's WeightService
         self.draining = False
         self.in_flight = 0  # samples asked for and not yet streamed back
         self._calls = 0
@@ -218,7 +221,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             return request.version, tensors
         if source == "pull":
             try:
-                return await pull_weights(request.pull.address, request.version, device)
+                return await pull_weights(request.pull.address, request.version, device, token=self.token)
             except grpc.aio.AioRpcError as error:
                 await _abort(context, error.code(), f"pull from {request.pull.address}: {error.details()}")
         await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "UpdateWeightsRequest.source: set broadcast or pull")
@@ -248,14 +251,20 @@ async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, messa
 
 
 async def serve_rollout(
-    config: RolloutWorkerConfig, host: str = "127.0.0.1", port: int = 0, engine: Engine | None = None
+    config: RolloutWorkerConfig,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    engine: Engine | None = None,
+    *,
+    token: str | None = None,
 ) -> tuple[RunningServer, RolloutServicer]:
-    """Load the engine (off the event loop) and serve RolloutService with health and reflection."""
+    """Load the engine (off the event loop) and serve RolloutService with health and reflection; with a
+    `token` (the job's) every call must carry it, and weight pulls send it."""
     if engine is None:
         engine = await asyncio.to_thread(make_engine, config)
-    servicer = RolloutServicer(engine)
+    servicer = RolloutServicer(engine, token=token)
     running = await start_server(
-        [Service(pb_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)], host, port
+        [Service(pb_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)], host, port, token=token
     )
 
     async def not_serving() -> None:

@@ -59,6 +59,7 @@ async def pull_weights(
     device: torch.device | str = "cpu",
     max_chunk_bytes: int = 0,
     timeout: float | None = None,
+    token: str | None = None,
 ) -> tuple[int, dict[str, Tensor]]:
     """Fetch the newest version ≥ min_version from the WeightService at address (host:port).
 
@@ -66,7 +67,7 @@ async def pull_weights(
     that is short or contradicts itself raises WeightStreamError."""
     assembly = _Assembly(address, min_version)
     request = wpb.FetchWeightsRequest(min_version=min_version, max_chunk_bytes=max_chunk_bytes)
-    async with channel(address) as ch:
+    async with channel(address, token) as ch:
         async for chunk in wgrpc.WeightServiceStub(ch).FetchWeights(request, timeout=timeout):
             assembly.add(chunk)
     version, tensors = assembly.finish()

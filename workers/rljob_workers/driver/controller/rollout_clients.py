@@ -39,11 +39,12 @@ class RolloutClients:
     """Live rollout replicas by name; picks the least-loaded one for each request."""
 
     max_in_flight: int
+    token: str | None = None  # the job's, sent on every call
     replicas: dict[str, Replica] = field(default_factory=dict)
     busy: BusyClock = field(default_factory=BusyClock)  # while any prompt is being generated
 
     def add(self, name: str, address: str) -> Replica:
-        ch = channel(address)
+        ch = channel(address, self.token)
         replica = self.replicas[name] = Replica(name, address, pb_grpc.RolloutServiceStub(ch), ch)
         return replica
 

@@ -1,0 +1,58 @@
+"""Every Kubernetes API right the operator uses, and why. The chart's RBAC grants exactly these
+(tests/operator/test_operator_chart.py); the e2e suite's audit log shows the operator requests
+nothing else and every verb listed as requested (tests/operator/test_operator_integration.py).
+
+`requested` verbs appear as requests of their own. `implied` ones are checked by the API server on
+the operator's behalf: a server-side apply that creates an object needs create as well as patch;
+an ownerReference with blockOwnerDeletion needs update on the owner's finalizers; and a Role can
+only grant what its creator holds (RBAC's escalation check), so the driver's Role needs the operator
+to hold get on ConfigMaps and get, list and watch on pods.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Right:
+    group: str
+    resource: str  # with its subresource: rljobs/status
+    requested: tuple[str, ...]
+    implied: tuple[str, ...]
+    why: str
+
+    @property
+    def verbs(self) -> tuple[str, ...]:
+        return self.requested + self.implied
+
+
+APPLIED = ("patch",), ("create",)  # server-side apply: the request is a patch; the first one creates
+
+# Namespaced: a ClusterRole in cluster mode, a Role in each watched namespace otherwise.
+RIGHTS: tuple[Right, ...] = (
+    Right("rljob.io", "rljobs", ("list", "watch", "patch"), (), "kopf watches RLJobs; its progress is in annotations"),
+    Right("rljob.io", "rljobs/status", ("patch",), (), "the status the operator computes"),
+    Right("rljob.io", "rljobs/finalizers", (), ("update",), "children's ownerReferences block the RLJob's deletion"),
+    Right("", "events", ("create",), (), "Events on RLJobs (phase changes, scaling, kopf's own)"),
+    Right("", "secrets", ("create", "get"), (), "the job's token: made once, read again by the status poller"),
+    Right("", "configmaps", *APPLIED, "the job's rljob.yaml and workers.json"),
+    Right("", "configmaps", (), ("get",), "the driver's Role grants get on its ConfigMap"),
+    Right("", "services", *APPLIED, "the control, metrics and reward Services"),
+    Right("", "serviceaccounts", *APPLIED, "the driver's account"),
+    Right("rbac.authorization.k8s.io", "roles", *APPLIED, "the driver's Role"),
+    Right("rbac.authorization.k8s.io", "rolebindings", *APPLIED, "the driver's RoleBinding"),
+    Right("networking.k8s.io", "networkpolicies", *APPLIED, "ingress to the job's pods from its own pods only"),
+    Right("ray.io", "rayclusters", ("get", "list", "watch", "patch", "delete"), ("create",), "the pools"),
+    Right("batch", "jobs", ("get", "list", "watch", "patch", "delete"), ("create",), "the driver"),
+    Right("", "pods", ("list", "watch"), ("get",), "pool pods (readiness, drained replicas); the driver's Role"),
+)
+# Cluster-wide in both modes.
+CLUSTER_RIGHTS: tuple[Right, ...] = (
+    Right("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"), (), "kopf notices the RLJob CRD"),
+)
+
+
+def verbs_by_resource(rights: tuple[Right, ...], *, requested_only: bool = False) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) of every right."""
+    return {(r.group, r.resource, verb) for r in rights for verb in (r.requested if requested_only else r.verbs)}

@@ -1,0 +1,167 @@
+"""The job's token: every internal gRPC call carries it, every internal server checks it.
+
+A run has one random token. On a cluster the operator keeps it in a Secret owned by the RLJob and
+mounts it into the driver and every pool pod; `rljob run` writes one into its output folder. Either
+way the file's path is in `RLJOB_TOKEN_FILE`, which is how a pool's Ray actor finds it. Servers
+answer UNAUTHENTICATED to a call without it (grpc.health.v1 stays open for probes); clients send it
+as `authorization: Bearer <token>`, the header remote reward endpoints already take.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from rljob_api.workercfg import TOKEN_FILE_ENV
+
+TOKEN_FILE_NAME = "token"
+AUTH_HEADER = "authorization"
+# Probes (the kubelet's grpc probe, grpcurl health checks) carry no credential.
+OPEN_PREFIXES = ("/grpc.health.v1.Health/",)
+
+
+class TokenError(ValueError):
+    """The job's token cannot be read; the message names the file."""
+
+
+def read_token(path: str | Path) -> str:
+    """The token in `path`, stripped of surrounding whitespace; a clear error if it is missing or empty."""
+    try:
+        token = Path(path).read_text().strip()
+    except FileNotFoundError:
+        raise TokenError(f"job token file {str(path)!r} does not exist") from None
+    except OSError as exc:
+        raise TokenError(f"cannot read job token file {str(path)!r}: {exc.strerror}") from None
+    if not token:
+        raise TokenError(f"job token file {str(path)!r} is empty")
+    return token
+
+
+def token_file() -> str | None:
+    """Where this process's job token is (`RLJOB_TOKEN_FILE`), if it has one."""
+    return os.environ.get(TOKEN_FILE_ENV) or None
+
+
+def required_job_token() -> str:
+    """This process's job token (`RLJOB_TOKEN_FILE`): a pool replica never serves without one."""
+    path = token_file()
+    if not path:
+        raise TokenError(f"{TOKEN_FILE_ENV} is not set: an rljob pool serves only with its job's token")
+    return read_token(path)
+
+
+@dataclass(frozen=True)
+class JobToken:
+    """A run's token and the file that holds it (the file is how the pools' processes find it)."""
+
+    path: str
+    value: str
+
+    @classmethod
+    def from_env(cls) -> JobToken:
+        """The token the pod was given (the operator's Secret, mounted at `RLJOB_TOKEN_FILE`)."""
+        return cls(token_file() or "", required_job_token())
+
+    @classmethod
+    def new(cls, folder: Path) -> JobToken:
+        """A fresh random token in `folder/token`, readable by its owner only."""
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / TOKEN_FILE_NAME
+        value = secrets.token_urlsafe(32)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(value + "\n")
+        os.chmod(path, 0o600)  # an existing file keeps its old mode through O_CREAT
+        return cls(str(path), value)
+
+
+def bearer(token: str) -> tuple[str, str]:
+    return (AUTH_HEADER, f"Bearer {token}")
+
+
+def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that answers UNAUTHENTICATED without reading a request."""
+
+    async def deny(_request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def deny_stream(_request: Any, context: grpc.aio.ServicerContext) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # pragma: no cover  # makes this an async generator, as a streaming handler must be
+
+    if handler.response_streaming:
+        make = (
+            grpc.stream_stream_rpc_method_handler if handler.request_streaming else grpc.unary_stream_rpc_method_handler
+        )
+        return make(deny_stream)
+    make = grpc.stream_unary_rpc_method_handler if handler.request_streaming else grpc.unary_unary_rpc_method_handler
+    return make(deny)
+
+
+class TokenCheck(grpc.aio.ServerInterceptor):
+    """Lets a call through only with `authorization: Bearer <token>` (compared in constant time)."""
+
+    def __init__(self, token: str) -> None:
+        if not token:
+            raise TokenError("an empty job token would let every caller in")
+        self.expected = f"Bearer {token}".encode()
+
+    async def intercept_service(
+        self, continuation: Callable[[grpc.HandlerCallDetails], Any], details: grpc.HandlerCallDetails
+    ) -> grpc.RpcMethodHandler:
+        handler: grpc.RpcMethodHandler = await continuation(details)
+        if handler is None or details.method.startswith(OPEN_PREFIXES):
+            return handler
+        sent = [value for key, value in details.invocation_metadata or () if key == AUTH_HEADER]
+        if not sent:
+            return _refusal(handler, f"{details.method}: no job token (authorization: Bearer <token>)")
+        given = sent[0].encode() if isinstance(sent[0], str) else sent[0]
+        if not hmac.compare_digest(given, self.expected):
+            return _refusal(handler, f"{details.method}: wrong job token")
+        return handler
+
+
+def _with_token(details: grpc.aio.ClientCallDetails, header: tuple[str, str]) -> grpc.aio.ClientCallDetails:
+    metadata = grpc.aio.Metadata(*(details.metadata or ()), header)
+    return grpc.aio.ClientCallDetails(
+        details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
+    )
+
+
+class _Attach:
+    def __init__(self, token: str) -> None:
+        self.header = bearer(token)
+
+
+class _AttachUnaryUnary(_Attach, grpc.aio.UnaryUnaryClientInterceptor):
+    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(_with_token(details, self.header), request)
+
+
+class _AttachUnaryStream(_Attach, grpc.aio.UnaryStreamClientInterceptor):
+    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return await continuation(_with_token(details, self.header), request)
+
+
+class _AttachStreamUnary(_Attach, grpc.aio.StreamUnaryClientInterceptor):
+    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(_with_token(details, self.header), requests)
+
+
+class _AttachStreamStream(_Attach, grpc.aio.StreamStreamClientInterceptor):
+    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
+        return await continuation(_with_token(details, self.header), requests)
+
+
+def token_interceptors(token: str) -> list[Any]:
+    """Client interceptors that add the job token to every call of a channel, one per call shape: an aio
+    channel files each interceptor under the first shape it implements only."""
+    kinds = (_AttachUnaryUnary, _AttachUnaryStream, _AttachStreamUnary, _AttachStreamStream)
+    return [kind(token) for kind in kinds]
