@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from rljob_workers.driver.ledger import read_ledger
 from rljob_workers.models.tiny import make_tiny_model
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
@@ -63,11 +64,11 @@ def test_the_ledger_finds_a_sample_scored_twice_and_a_prompt_lost_or_trained_twi
         metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     write(rows)
-    books = _bench().ledger(metrics, 2, 1)
+    books = read_ledger(metrics, 2, 1)
     assert (books.prompts_lost, books.trained_twice, books.scored_twice) == (0, 0, 0)
     # a re-sent sample whose second answer was counted too; a prompt trained again; one never trained
     rows[1]["counts"] = dict(counts, generated=16, scored=17, trained=16)
     rows[1]["prompt_ids"] = ["a"]
     write(rows)
-    books = _bench().ledger(metrics, 2, 1)
+    books = read_ledger(metrics, 2, 1)
     assert (books.prompts_lost, books.trained_twice, books.scored_twice) == (1, 1, 1)

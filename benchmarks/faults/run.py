@@ -14,7 +14,6 @@ samples duplicated, outcome; then the reward curve's start and end.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -25,9 +24,10 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import yaml
+
+from rljob_workers.driver.ledger import read_ledger
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL, DATA = REPO / ".cache" / "models" / "tiny-arith", REPO / ".cache" / "data" / "arithmetic-train.jsonl"
@@ -105,30 +105,6 @@ def recovery(log: str, kill: Kill) -> tuple[float, float]:
     return detect, (_stamp(back) - kill.at if back else float("nan"))
 
 
-@dataclass
-class Ledger:
-    """What the run's own metrics.jsonl says it did with its prompts and samples."""
-
-    records: list[dict[str, Any]]
-    prompts_lost: int  # never trained
-    trained_twice: int  # prompts
-    scored_twice: int  # samples: scores counted beyond the samples generated (re-sent samples counted again)
-
-
-def ledger(metrics: Path, steps: int, per_step: int) -> Ledger:
-    """Read the ledger. Every generated sample is scored (or excluded) at most once, and trained or set
-    aside only once scored: at every step, scored + excluded <= generated and trained + stale <= scored;
-    any excess is a sample counted twice."""
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
-    trained = [p for r in records for p in r["prompt_ids"]]
-    excess = 0
-    for r in records:
-        c = r["counts"]
-        excess = max(excess, c["scored"] + c["excluded_reward_error"] - c["generated"])
-        excess = max(excess, c["trained"] + c["discarded_stale"] - c["scored"])
-    return Ledger(records, steps * per_step - len(set(trained)), len(trained) - len(set(trained)), excess)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--kills", default="rollout:10,reward:30,trainer:50", help="pool:step, comma-separated")
@@ -143,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         started = time.monotonic()
         rc, log = run_with_kills(work, job_file(work, args.steps, args.model, args.data), kills)
-        books = ledger(work / "out" / "metrics.jsonl", args.steps, 16)
+        books = read_ledger(work / "out" / "metrics.jsonl", args.steps, 16)
     outcome = "finished" if rc == 0 and len(books.records) == args.steps else f"exit {rc}"
     print(f"\n{len(kills)} faults injected; run {outcome} in {time.monotonic() - started:.0f}s\n")
     print("| fault | injected at step | time to detect | time to recover | prompts lost | trained twice "
@@ -156,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {kill.pool} killed | {kill.step} | {times} | {counts} | {outcome} |")
     rewards = [r["reward_mean"] for r in books.records]
     print(f"\nreward: step 1 {rewards[0]:.3f}, last 5 steps {sum(rewards[-5:]) / 5:.3f}")
-    clean = books.prompts_lost == books.trained_twice == books.scored_twice == 0
-    return 0 if rc == 0 and clean else 1
+    return 0 if rc == 0 and books.clean else 1
 
 
 if __name__ == "__main__":

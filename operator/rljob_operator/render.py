@@ -245,7 +245,9 @@ def render_driver(job: RLJob, options: RenderOptions) -> dict[str, Any]:
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": _meta(job, driver_name(job), "driver"),
-        "spec": {"backoffLimit": options.driver_backoff_limit, "template": template},
+        # A retry starts once the deleted or failed driver has exited (its SIGTERM checkpoint written, its
+        # folder lock released), never beside it.
+        "spec": {"backoffLimit": options.driver_backoff_limit, "podReplacementPolicy": "Failed", "template": template},
     }
 
 

@@ -7,7 +7,10 @@ KubeRay starts Ray in them, the driver runs `rljob run --cluster`, the operator 
 ControlService through its Service and writes the RLJob's status. The run must reach Succeeded with
 the last five steps' mean reward >= 0.8 (the `make run` bar), leave its checkpoint and metrics on the
 run volume, and `kubectl delete rlj` must leave nothing of it but the user's two claims. The same
-spec then runs with `rljob run` on this machine, for the cost of pods and networking per step.
+spec then runs with `rljob run` on this machine, for the cost of pods and networking per step. While it
+trains, a pod of another namespace calls its ControlService and WeightService without the job's token
+and is refused. A second, longer run loses a reward, a rollout and a trainer pod, the operator pod and
+the driver pod, one at a time, and still trains every prompt once and scores every sample once.
 
 Skips only where the machine cannot run containers or the images are not built, naming what is missing.
 """
@@ -15,6 +18,7 @@ Skips only where the machine cannot run containers or the images are not built, 
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -26,6 +30,7 @@ from typing import Any
 import pytest
 import yaml
 from e2e_cluster import Cluster, missing_binaries, real_node_missing, wait_for
+from e2e_faults import Fault, FaultRun, fault_job, fault_table
 from e2e_real import (
     cluster_job,
     diagnose,
@@ -42,6 +47,8 @@ from e2e_real import (
     wait_gone,
     worker_env_policy,
 )
+
+from rljob_workers.driver.ledger import read_ledger
 
 _MISSING = missing_binaries() + real_node_missing() + images_missing()
 pytestmark = [
@@ -166,6 +173,18 @@ def test_apply_trains_to_succeeded_and_delete_leaves_nothing(setup: Setup) -> No
     assert (final_checkpoint / "state.json").exists(), "the checkpoint outlives the job, on the user's volume"
 
     # the same spec with `rljob run` on this machine, now idle again
+    local_step, local_rewards = run_locally(setup, job)
+    print(f"\nset-up: {json.dumps({k: round(v, 1) for k, v in setup.times.items()})}")
+    print(f"kubectl apply -> first train step {first_step:.1f}s, -> Succeeded {took:.1f}s")
+    print(
+        f"s/step: cluster {cluster_step:.3f}, rljob run {local_step:.3f}, ratio {cluster_step / local_step:.2f} "
+        f"(last-5 reward: cluster {statistics.mean(rewards[-5:]):.3f}, local {statistics.mean(local_rewards[-5:]):.3f})"
+    )
+    print(f"final status:\n{final_line}")
+
+
+def run_locally(setup: Setup, job: dict[str, Any]) -> tuple[float, list[float]]:
+    """`rljob run` of the same spec on this machine: (seconds per step, every step's reward)."""
     local_output = setup.root / "local"
     local_file = setup.root / "local.yaml"
     local_file.write_text(yaml.safe_dump(local_job(job, setup.assets, local_output)))
@@ -174,11 +193,65 @@ def test_apply_trains_to_succeeded_and_delete_leaves_nothing(setup: Setup) -> No
         [str(rljob), "run", str(local_file), "--output", str(local_output), "--no-display"],
         check=True, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    local_step, local_rewards = seconds_per_step(local_output / "metrics.jsonl")
-    print(f"\nset-up: {json.dumps({k: round(v, 1) for k, v in setup.times.items()})}")
-    print(f"kubectl apply -> first train step {first_step:.1f}s, -> Succeeded {took:.1f}s")
-    print(
-        f"s/step: cluster {cluster_step:.3f}, rljob run {local_step:.3f}, ratio {cluster_step / local_step:.2f} "
-        f"(last-5 reward: cluster {statistics.mean(rewards[-5:]):.3f}, local {statistics.mean(local_rewards[-5:]):.3f})"
-    )
-    print(f"final status:\n{final_line}")
+    return seconds_per_step(local_output / "metrics.jsonl")
+
+
+FAULT_JOB, FAULT_STEPS = "faults", 400
+# One at a time, each a few steps after the one before has recovered (steps run ~0.2 s apart).
+FAULTS = ["reward", "rollout", "trainer", "operator", "driver"]
+SPACING = 10
+
+
+def test_pods_that_die_come_back_and_nothing_is_lost(setup: Setup) -> None:
+    """Delete a reward, a rollout and a trainer worker pod, the operator pod and the driver pod, one at a
+    time, mid-run: KubeRay recreates each pool pod and the pool takes it back; the new operator adopts
+    the job and rewrites nothing; the Job restarts the driver, which resumes from the checkpoint on the
+    volume. The run's own ledger: every prompt trained once, every sample scored once."""
+    cluster = setup.cluster
+    job = fault_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"], FAULT_JOB, FAULT_STEPS)
+    run = FaultRun(cluster, NS, FAULT_JOB)
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
+    faults = []
+    try:
+        for target in FAULTS:
+            generations = _generations(cluster) if target == "operator" else {}
+            faults.append(run.inject(Fault(target, run.step() + SPACING)))
+            print(f"{target} pod deleted at step {faults[-1].step}: detected {faults[-1].detect:.1f}s, "
+                  f"recovered {faults[-1].recover:.1f}s", flush=True)  # fmt: skip
+            if target == "operator":  # the new one adopted the job and rewrote none of its children
+                assert _generations(cluster) == generations
+        status = wait_for("the run to end", lambda: _ended(run.status()), timeout=TIMEOUT)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{diagnose(cluster, NS)}") from None
+    assert status["phase"] == "Succeeded", diagnose(cluster, NS)
+    output = setup.runs / FAULT_JOB
+    books = read_ledger(output / "metrics.jsonl", FAULT_STEPS, job["spec"]["algorithm"]["promptsPerStep"])
+    assert [r["step"] for r in books.records] == list(range(1, FAULT_STEPS + 1))
+    # The deleted driver left a checkpoint on SIGTERM (not only the periodic one): its successor resumed
+    # at or after the step the status showed when the pod was deleted, with that step's policy version.
+    log = cluster.kubectl("logs", "-n", NS, f"job/{FAULT_JOB}-driver").stdout
+    resumed = re.search(r"resuming from \S+: step (\d+), policy version (\d+)", log)
+    assert resumed, log[-3000:]
+    step, version = int(resumed.group(1)), int(resumed.group(2))
+    assert step >= faults[-1].step and version == books.records[step - 1]["version"], (step, version, faults[-1])
+    driver = cluster.get("job", f"{FAULT_JOB}-driver", NS) or {}
+    assert driver.get("status", {}).get("failed") == 1, driver.get("status")  # the deleted driver, retried once
+    print("\n" + fault_table(faults, books.prompts_lost, books.trained_twice, books.scored_twice, status["phase"]))
+    assert books.clean, (books.prompts_lost, books.trained_twice, books.scored_twice)
+    cluster.kubectl("delete", "rlj", FAULT_JOB, "-n", NS, "--wait=true", "--timeout=120s")
+
+
+def _generations(cluster: Cluster) -> dict[str, Any]:
+    """The generation of each child the operator writes (a rewrite of its spec would bump it)."""
+    found: dict[str, tuple[Any, ...]] = {}
+    for kind, name in (("raycluster", f"{FAULT_JOB}-ray"), ("job", f"{FAULT_JOB}-driver"),
+                       ("networkpolicy", f"{FAULT_JOB}-pods"), ("configmap", f"{FAULT_JOB}-config")):  # fmt: skip
+        obj = cluster.get(kind, name, NS) or {}
+        found[kind] = (obj.get("metadata") or {}).get("generation"), (obj.get("metadata") or {}).get("resourceVersion")
+    found["raycluster"] = found["raycluster"][:1]  # KubeRay writes its status (a new resourceVersion)
+    found["job"] = found["job"][:1]  # so does the Job controller
+    return found
+
+
+def _ended(status: dict[str, Any]) -> dict[str, Any] | None:
+    return status if status.get("phase") in ("Succeeded", "Failed") else None

@@ -160,6 +160,11 @@ class LocalRun:
             self._use_token(self.token or job_token(self.output, cluster=self.cluster))
             resume_dir = self._resume_dir()
             state = checkpoint.read_state(resume_dir) if resume_dir else {}
+            if resume_dir:
+                log.info(
+                    "resuming from %s: step %d, policy version %d",
+                    *(resume_dir, int(state.get("step", 0)), int(state.get("policy_version", 0))),
+                )
             prompts = load_prompts(
                 c.controller.data.path,
                 c.controller.data.prompt_field,

@@ -1,0 +1,96 @@
+"""Faults on the real node (test_e2e_real.py): delete a pool pod, the operator pod or the driver pod of
+a running RLJob, then measure when the job noticed and when it was training again."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from e2e_cluster import Cluster, wait_for
+from e2e_real import cluster_job
+
+OPERATOR_NS, OPERATOR_SELECTOR = "rljob-system", "app.kubernetes.io/name=rljob-operator"
+RECOVERED_STEPS = 5  # trained after the fault, with its pool (or driver) back: recovered
+
+
+@dataclass
+class Fault:
+    target: str  # a pool, "operator" or "driver"
+    at_step: int
+    step: int = 0  # when the pod was deleted
+    detect: float = float("nan")  # seconds until the job showed it (a pool short, a new driver pod)
+    recover: float = float("nan")  # seconds until it trained RECOVERED_STEPS more steps, whole again
+
+
+def fault_job(namespace: str, image: str, name: str, steps: int) -> dict[str, Any]:
+    """The shipped cluster example as `name`, longer, checkpointing often (a resumed driver loses little)."""
+    doc = cluster_job(namespace, image)
+    doc["metadata"]["name"] = name
+    doc["spec"]["algorithm"]["totalSteps"] = steps
+    doc["spec"]["checkpoint"].update(dir=f"/mnt/runs/{name}/checkpoints", everySteps=10)
+    return doc
+
+
+class FaultRun:
+    """One running RLJob and the faults done to it."""
+
+    def __init__(self, cluster: Cluster, namespace: str, name: str) -> None:
+        self.cluster, self.namespace, self.name = cluster, namespace, name
+
+    def status(self) -> dict[str, Any]:
+        return dict((self.cluster.get("rlj", self.name, self.namespace) or {}).get("status") or {})
+
+    def step(self) -> int:
+        return int(self.status().get("step") or 0)
+
+    def whole(self) -> bool:
+        pools = self.status().get("pools") or {}
+        return bool(pools) and all(p.get("ready", 0) >= p.get("desired", 1) for p in pools.values())
+
+    def pods(self, selector: str, namespace: str | None = None) -> list[str]:
+        out = self.cluster.kubectl("get", "pods", "-n", namespace or self.namespace, "-l", selector, "-o", "name")
+        return out.stdout.split()
+
+    def selector(self, target: str) -> tuple[str, str]:
+        """(namespace, label selector) of the pod a fault deletes."""
+        if target == "operator":
+            return OPERATOR_NS, OPERATOR_SELECTOR
+        if target == "driver":
+            return self.namespace, f"rljob.io/job={self.name},rljob.io/component=driver"
+        return self.namespace, f"rljob.io/job={self.name},rljob.io/pool={target}"
+
+    def inject(self, fault: Fault, timeout: float = 300) -> Fault:
+        """Wait for the fault's step, delete its pod, and time detection and recovery."""
+        wait_for(f"step {fault.at_step}", lambda: self.step() >= fault.at_step, timeout=timeout, every=0.5)
+        namespace, selector = self.selector(fault.target)
+        before = set(self.pods(selector, namespace))
+        fault.step, started = self.step(), time.monotonic()
+        self.cluster.kubectl("delete", "pod", "-n", namespace, "-l", selector, "--wait=false")
+        if fault.target in ("operator", "driver"):  # noticed when its replacement pod exists
+            wait_for(f"a new {fault.target} pod", lambda: set(self.pods(selector, namespace)) - before, timeout=120)
+        else:  # noticed when the job's status shows the pool short
+            wait_for(f"{fault.target} short", lambda: not self.whole(), timeout=120, every=0.2)
+        fault.detect = time.monotonic() - started
+        wait_for(
+            f"{RECOVERED_STEPS} steps after the {fault.target} fault",
+            lambda: self.step() >= fault.step + RECOVERED_STEPS and self.whole(),
+            timeout=timeout,
+            every=0.5,
+        )
+        fault.recover = time.monotonic() - started
+        assert self.status().get("phase") == "Running", f"the run ended before the {fault.target} fault recovered"
+        return fault
+
+
+def fault_table(faults: list[Fault], lost: int, twice: int, scored_twice: int, outcome: str) -> str:
+    rows = [
+        "| fault | step | time to detect | time to recover | prompts lost | trained twice | scored twice | outcome |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for f in faults:
+        rows.append(
+            f"| {f.target} pod deleted | {f.step} | {f.detect:.1f} s | {f.recover:.1f} s | {lost} | {twice} "
+            f"| {scored_twice} | {outcome} |"
+        )
+    return "\n".join(rows)
