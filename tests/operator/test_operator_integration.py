@@ -208,14 +208,18 @@ def with_status(body: dict[str, Any] | None) -> dict[str, Any] | None:
     return body if body and body.get("status") else None
 
 
-def test_a_job_deleted_while_polled_leaves_no_error_and_nothing_remembered(cluster: Cluster, crd: str, ns: str) -> None:
+def test_a_job_deleted_while_polled_leaves_no_error_and_nothing_remembered(
+    cluster: Cluster, operator: OperatorProcess, ns: str
+) -> None:
     """The race behind a flaky scale run: the poller took an RLJob's body, then the RLJob was deleted
-    (there is no finalizer to hold it). Played in process, in order, against the real API server."""
+    (there is no finalizer to hold it). Played in process, in order, against the real API server, as the
+    chart's ServiceAccount and without informers: the reads the operator falls back on (GET of the
+    RayCluster and the Job) are audited as its own, whatever the running operator's informers did."""
     cluster.apply(rljob("vanish", ns))
     key = (ns, "vanish")
 
     async def play() -> tuple[OperatorMetrics, Context, Context]:
-        kube = Kube(kubernetes.config.new_client_from_config(config_file=cluster.env["KUBECONFIG"]), workers=2)
+        kube = Kube(kubernetes.config.new_client_from_config(config_file=operator.env["KUBECONFIG"]), workers=2)
         metrics = OperatorMetrics()
 
         def context() -> Context:
