@@ -160,8 +160,16 @@ POLICY
   alive etcd
 }
 
+# Node heartbeats: a real kubelet renews its own node's Lease every 10 s; here one kwok process renews
+# the Leases of every fake node, four at a time. At kwok's default pace (every 40/4 = 10 s) the scale
+# test's 1,000 nodes are 100 Lease writes a second, more than a busy 2-core machine serves: renewals
+# fall behind, the node lifecycle controller taints the nodes unreachable after its grace period, and
+# pods stay Pending (a CI run saw 689 of 1,006 nodes tainted). So kwok renews every 240/4 = 60 s
+# (17 writes a second) and a node counts as lost after 5 minutes without a renewal, not 50 s. No
+# test loses a node through its heartbeat: test_reward_node_lost_and_back deletes the Node.
 start_controllers() { # controller-manager, scheduler, kwok (waited for by cmd_start)
   launch kube-controller-manager \
+    --node-monitor-grace-period=5m \
     --kubeconfig="${STATE}/controller-manager.kubeconfig" \
     --authentication-kubeconfig="${STATE}/controller-manager.kubeconfig" \
     --authorization-kubeconfig="${STATE}/controller-manager.kubeconfig" \
@@ -185,7 +193,7 @@ start_controllers() { # controller-manager, scheduler, kwok (waited for by cmd_s
     --config="${STATE}/kwok.yaml" \
     --manage-all-nodes=false \
     --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-    --node-lease-duration-seconds=40 \
+    --node-lease-duration-seconds=240 \
     --cidr="${KWOK_POD_CIDR}" --node-ip="${KWOK_NODE_IP}" \
     --server-address="127.0.0.1:${KWOK_PORT}"
 }
