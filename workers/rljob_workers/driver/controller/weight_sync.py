@@ -4,6 +4,9 @@ The bulk path is a bucketed collective broadcast in a group of the trainer (rank
 the live replicas, set up over gRPC (JoinWeightGroup) and re-formed whenever the set of
 replicas changes. A replica that joins late first pulls the current version from the
 trainer's WeightService, then joins the group at the next sync.
+
+The supervisor may take a dead replica out of the pool (closing its channel) between two calls of a
+sync; a call on a closed channel raises grpc.aio.UsageError, which counts here as a replica lost.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, TypeVar
 
 import grpc
 
@@ -22,6 +26,8 @@ from rljob_workers.driver.controller.rollout_clients import Replica, RolloutClie
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+GONE = (grpc.aio.AioRpcError, grpc.aio.UsageError)  # the replica stopped answering / left the pool
 BACKENDS = {"gloo": pb.WEIGHT_BACKEND_GLOO, "nccl": pb.WEIGHT_BACKEND_NCCL}
 
 
@@ -56,9 +62,9 @@ class WeightSync:
             if not live:
                 await self._publish_only(version)
                 return
-            if tuple(r.name for r in live) != self.members:
-                await self._form_group(live)
-            failed = await self._broadcast(live, version)
+            failed = await self._form_group(live) if tuple(r.name for r in live) != self.members else []
+            if not failed:
+                failed = await self._broadcast(live, version)
             if not failed:
                 self.seconds.append(time.monotonic() - started)
                 return
@@ -68,12 +74,14 @@ class WeightSync:
             self.members = ()
         raise RuntimeError(f"could not deliver policy version {version} to the rollout pool")
 
-    async def _form_group(self, live: list[Replica]) -> None:
+    async def _form_group(self, live: list[Replica]) -> list[Replica]:
+        """Open a group of the trainer and `live`; returns the replicas that failed to join."""
         self.group_id = uuid.uuid4().hex[:12]
         world = len(live) + 1
         host, port = await self.trainer.open_group(self.group_id, world, self.backend, self.timeout)
         joins = [
-            r.stub.JoinWeightGroup(
+            _call(
+                r.stub.JoinWeightGroup,
                 pb.JoinWeightGroupRequest(
                     group_id=self.group_id,
                     master_address=host,
@@ -83,29 +91,26 @@ class WeightSync:
                     backend=BACKENDS[self.backend],
                     timeout_seconds=self.timeout,
                 ),
-                timeout=self.timeout,
+                self.timeout,
             )
             for rank, r in enumerate(live, start=1)
         ]
-        await asyncio.gather(self.trainer.join_group(), *joins)
-        self.members = tuple(r.name for r in live)
+        # A member that cannot join leaves the trainer waiting for it until the group's timeout.
+        _, failed = await _beside(self.trainer.join_group(), live, joins, "joining the weight group")
+        if not failed:
+            self.members = tuple(r.name for r in live)
+        return failed
 
     async def _broadcast(self, live: list[Replica], version: int) -> list[Replica]:
         """Run one broadcast; returns the replicas that failed to take it."""
         request = pb.UpdateWeightsRequest(version=version, broadcast=self.trainer.broadcast_source(self.group_id))
-        calls = [r.stub.UpdateWeights(request, timeout=self.timeout) for r in live]
+        calls = [_call(r.stub.UpdateWeights, request, self.timeout) for r in live]
         # First attempt: pack and send bucket by bucket (overlapped); a retry re-sends the snapshot.
         first = self.published < version
         send = self.trainer.publish(version, broadcast=True) if first else self.trainer.broadcast()
-        results = await asyncio.gather(send, *calls, return_exceptions=True)
-        if not isinstance(results[0], BaseException):
+        sent, failed = await _beside(send, live, calls, "weight update")
+        if sent:
             self.published = version
-        failed = [r for r, result in zip(live, results[1:], strict=True) if isinstance(result, BaseException)]
-        if isinstance(results[0], BaseException) and not failed:
-            raise results[0]
-        for replica, result in zip(live, results[1:], strict=True):
-            if isinstance(result, BaseException):
-                log.warning("weight update of %s failed: %s", replica.name, result)
         return failed
 
     async def publish_initial(self, version: int) -> None:
@@ -122,13 +127,38 @@ class WeightSync:
         request = pb.UpdateWeightsRequest(version=version, pull=pb.PullSource(address=self.trainer.weight_address))
         try:
             await replica.stub.UpdateWeights(request, timeout=self.timeout)
-        except grpc.aio.AioRpcError as exc:
-            raise RuntimeError(f"replica {replica.name} could not pull version {version}: {exc.details()}") from None
+        except GONE as exc:
+            raise RuntimeError(f"replica {replica.name} could not pull version {version}: {_detail(exc)}") from None
+
+
+async def _call(method: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
+    """Start the call inside the coroutine, so that a channel closed meanwhile fails it in gather."""
+    return await method(request, timeout=timeout)
+
+
+async def _beside(
+    trainer_side: Awaitable[Any], live: list[Replica], calls: Sequence[Awaitable[Any]], what: str
+) -> tuple[bool, list[Replica]]:
+    """Run the trainer's side beside one call per replica: (the trainer's side succeeded, the replicas
+    whose call failed). A trainer-side error while every replica is fine is the trainer's own: raised."""
+    results = await asyncio.gather(trainer_side, *calls, return_exceptions=True)
+    failed = []
+    for replica, result in zip(live, results[1:], strict=True):
+        if isinstance(result, BaseException):
+            log.warning("%s of %s failed: %s", what, replica.name, result)
+            failed.append(replica)
+    if isinstance(results[0], BaseException) and not failed:
+        raise results[0]
+    return not isinstance(results[0], BaseException), failed
 
 
 async def _answers(replica: Replica) -> bool:
     try:
         await replica.stub.GetRolloutInfo(pb.GetRolloutInfoRequest(), timeout=5.0)
-    except grpc.aio.AioRpcError:
+    except GONE:
         return False
     return True
+
+
+def _detail(exc: BaseException) -> str:
+    return (exc.details() or "") if isinstance(exc, grpc.aio.AioRpcError) else f"{type(exc).__name__}: {exc}"
