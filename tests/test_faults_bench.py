@@ -48,6 +48,7 @@ def test_three_kills_at_random_steps_are_survived(tmp_path: Path, capsys: pytest
     print(out)
     assert rc == 0, out
     assert "3 faults injected; run finished" in out
+    assert "replacements in the run's final status: 3" in out  # the driver's RestartHistory, as shown
     rows = [line for line in out.splitlines() if line.startswith("| ") and " killed |" in line]
     assert len(rows) == 3 and all(row.endswith("| 0 | 0 | 0 | finished |") for row in rows), rows
 

@@ -29,7 +29,7 @@ from .spec import (
     RLJobSpec,
     WeightSyncSpec,
 )
-from .status import PHASES, Condition, PoolReplicas, PoolsStatus, RLJobStatus
+from .status import PHASES, Condition, PoolReplicas, PoolsStatus, Restarts, RLJobStatus
 from .workercfg import POOLS, WorkerConfigs, derive_worker_configs, pool_resource
 
 __all__ = [
@@ -62,6 +62,7 @@ __all__ = [
     "RemoteReward",
     "ReplicaRange",
     "Resources",
+    "Restarts",
     "RewardFunction",
     "RewardSpec",
     "RolloutSpec",

@@ -59,6 +59,17 @@ class StalenessStats(Model):
     max: int | None = Field(None, description="Largest staleness.")
 
 
+class Restarts(Model):
+    """Replacements so far, by what was replaced (an Event on the RLJob tells each one)."""
+
+    rollout: int = Field(0, description="Rollout replicas replaced.")
+    reward: int = Field(0, description="Reward replicas replaced.")
+    trainer: int = Field(0, description="Trainer groups restarted from a checkpoint.")
+    driver: int = Field(0, description="Driver pods that failed and were started again by their Job.")
+    run_id: str = Field("", description="The driver process whose replacements `seen` counts.")
+    seen: int = Field(0, description="Replacements of that driver process counted so far.")
+
+
 class RLJobStatus(Model):
     """Observed state of an RLJob."""
 
@@ -75,3 +86,4 @@ class RLJobStatus(Model):
     start_time: str | None = Field(None, description="RFC 3339 time the run started.")
     completion_time: str | None = Field(None, description="RFC 3339 time the run ended.")
     message: str | None = Field(None, description="Human-readable summary, the failure when Failed.")
+    restarts: Restarts | None = Field(None, description="Replicas, trainer groups and driver pods replaced.")

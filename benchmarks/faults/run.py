@@ -32,6 +32,7 @@ from rljob_workers.driver.ledger import read_ledger
 REPO = Path(__file__).resolve().parents[2]
 MODEL, DATA = REPO / ".cache" / "models" / "tiny-arith", REPO / ".cache" / "data" / "arithmetic-train.jsonl"
 TITLES = {"rollout": b"ray::RolloutActor", "reward": b"ray::RewardActor", "trainer": b"ray::TrainerActor"}
+LOG_TAIL = 80
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
 
@@ -130,8 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         times = f"{detect:.1f} s | {recover:.1f} s"
         counts = f"{books.prompts_lost} | {books.trained_twice} | {books.scored_twice}"
         print(f"| {kill.pool} killed | {kill.step} | {times} | {counts} | {outcome} |")
+    final = log[log.rfind("rljob run: ") :]  # the last attempt's status table lists every replacement
+    print(f"\nreplacements in the run's final status: {len(re.findall(r'^│ restart ', final, re.M))}")
     rewards = [r["reward_mean"] for r in books.records]
-    print(f"\nreward: step 1 {rewards[0]:.3f}, last 5 steps {sum(rewards[-5:]) / 5:.3f}")
+    if rewards:
+        print(f"\nreward: step 1 {rewards[0]:.3f}, last 5 steps {sum(rewards[-5:]) / 5:.3f}")
+    if outcome != "finished":  # the run's own account of why, for a failure seen only in CI
+        print(f"\nthe driver's log, last {LOG_TAIL} lines:\n" + "\n".join(log.splitlines()[-LOG_TAIL:]))
     return 0 if rc == 0 and books.clean else 1
 
 

@@ -1,5 +1,6 @@
 """The operator's Prometheus metrics: reconciles (count, latency, errors by result), jobs by phase,
-and per-job pool sizes and idle fractions (read from the cluster and the controller) for the dashboard."""
+and per-job pool sizes, idle fractions and replacements (read from the cluster and the controller) for
+the dashboard."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rljob_api import PHASES, RLJobStatus
 from rljob_api.workercfg import POOLS
 
 Key = tuple[str, str]  # (namespace, name)
+RESTARTED = ("rollout", "reward", "trainer", "driver")  # the counts of RLJobStatus.restarts
 
 
 class OperatorMetrics:
@@ -45,6 +47,12 @@ class OperatorMetrics:
             "rljob_operator_pool_idle_fraction",
             "Fraction of the last interval a pool was idle, as the controller reports it",
             ["namespace", "rljob", "pool"],
+            registry=r,
+        )
+        self.restarts = Gauge(
+            "rljob_operator_restarts",
+            "Replacements so far of an RLJob's rollout and reward replicas, trainer groups and driver pods",
+            ["namespace", "rljob", "what"],
             registry=r,
         )
         self._phases: dict[Key, str] = {}
@@ -81,13 +89,16 @@ class OperatorMetrics:
         if snapshot is not None:
             for pool in POOLS:
                 self.idle.labels(namespace, name, pool).set(getattr(snapshot, pool).idle_fraction)
+        if status.restarts is not None:
+            for what in RESTARTED:
+                self.restarts.labels(namespace, name, what).set(getattr(status.restarts, what))
         self._count_phases()
 
     def forget(self, key: Key) -> None:
         """Drop a deleted RLJob's series."""
         namespace, name = key
         self._phases.pop(key, None)
-        for gauge in (self.job_phase, self.pool_replicas, self.idle):
+        for gauge in (self.job_phase, self.pool_replicas, self.idle, self.restarts):
             gauge.remove_by_labels({"namespace": namespace, "rljob": name})
         self._count_phases()
 

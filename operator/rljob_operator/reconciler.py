@@ -38,9 +38,10 @@ from .names import (
     ray_cluster_name,
     token_secret_name,
 )
-from .observe import Observed, final_snapshot, observe, reward_group
+from .observe import DriverInfo, Observed, final_snapshot, observe, reward_group
 from .options import Owner
 from .render import POOL_KINDS, absent_kinds, finish, render, render_pools, render_token_secret
+from .restarts import restart_events
 from .status import compute_status
 
 log = logging.getLogger(__name__)
@@ -326,20 +327,32 @@ async def refresh(
             ctx.drop(key)
             return None
         ctx.last[key] = status
-        await announce(ctx, body, previous, status)
+        await announce(ctx, body, previous, status, snapshot, observed.driver)
         ctx.metrics.observe_job(key, status, snapshot)
         return status
 
 
-async def announce(ctx: Context, body: Mapping[str, Any], before: RLJobStatus | None, after: RLJobStatus) -> None:
-    """An Event per phase change, and per Degraded condition that turned True or changed its reason."""
+async def announce(
+    ctx: Context,
+    body: Mapping[str, Any],
+    before: RLJobStatus | None,
+    after: RLJobStatus,
+    snapshot: control_pb.JobStatus | None = None,
+    driver: DriverInfo | None = None,
+) -> None:
+    """An Event per phase change, per Degraded condition that turned True or changed its reason, and
+    per replacement of a replica, a trainer group or a driver pod."""
     if before is None or before.phase != after.phase:
         kind = "Warning" if after.phase == "Failed" else "Normal"
         await post(ctx, body, kind, after.phase or "Pending", after.message or "")
     old = {c.type: c for c in (before.conditions if before else [])}.get("Degraded")
     new = next((c for c in after.conditions if c.type == "Degraded"), None)
-    if new is not None and new.status == "True" and (old is None or (old.status, old.reason) != ("True", new.reason)):
+    told_below = new is not None and new.reason == "DriverRestarted"  # one Event per failed driver pod, below
+    changed = new is not None and (old is None or (old.status, old.reason) != ("True", new.reason))
+    if new is not None and new.status == "True" and changed and not told_below:
         await post(ctx, body, "Warning", new.reason, new.message)
+    for reason, message in restart_events(before.restarts if before else None, snapshot, driver):
+        await post(ctx, body, "Warning", reason, message)
 
 
 async def post(ctx: Context, body: Mapping[str, Any], kind: str, reason: str, message: str) -> None:

@@ -11,6 +11,7 @@ from rljob_api.workercfg import POOLS, Pool
 
 from .observe import Observed
 from .raycluster import clamp_reward_replicas
+from .restarts import count_restarts
 
 CONDITION_TYPES = ("RolloutReady", "TrainerReady", "RewardReady", "Progressing", "Degraded")
 READY_TYPE: dict[Pool, str] = {"rollout": "RolloutReady", "trainer": "TrainerReady", "reward": "RewardReady"}
@@ -207,6 +208,7 @@ def compute_status(
         start_time=prev.start_time,
         completion_time=prev.completion_time if phase in TERMINAL else None,
         message=message,
+        restarts=count_restarts(prev.restarts, snapshot, observed.driver),
     )
     if snapshot is not None and snapshot.phase != control_pb.RUN_PHASE_UNSPECIFIED:
         status.step = snapshot.step

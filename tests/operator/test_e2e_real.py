@@ -238,7 +238,24 @@ def test_pods_that_die_come_back_and_nothing_is_lost(setup: Setup) -> None:
     assert driver.get("status", {}).get("failed") == 1, driver.get("status")  # the deleted driver, retried once
     print("\n" + fault_table(faults, books.prompts_lost, books.trained_twice, books.scored_twice, status["phase"]))
     assert books.clean, (books.prompts_lost, books.trained_twice, books.scored_twice)
+    _each_restart_told_once(cluster, status)
     cluster.kubectl("delete", "rlj", FAULT_JOB, "-n", NS, "--wait=true", "--timeout=120s")
+
+
+def _each_restart_told_once(cluster: Cluster, status: dict[str, Any]) -> None:
+    """status.restarts counts each replacement once (the operator was replaced meanwhile, and the driver),
+    and `kubectl describe rlj` shows an Event for each."""
+    restarts = status.get("restarts") or {}
+    counts = {pool: restarts.get(pool) for pool in ("rollout", "reward", "trainer", "driver")}
+    assert counts == {"rollout": 1, "reward": 1, "trainer": 1, "driver": 1}, restarts
+    reasons = ("ReplicaReplaced", "TrainerRestarted", "DriverRestarted")
+    told = [e for e in cluster.events(NS, FAULT_JOB) if e["reason"] in reasons]
+    counts = {reason: [e["reason"] for e in told].count(reason) for reason in reasons}
+    assert counts == {"ReplicaReplaced": 2, "TrainerRestarted": 1, "DriverRestarted": 1}, [e["message"] for e in told]
+    described = cluster.kubectl("describe", "rlj", FAULT_JOB, "-n", NS).stdout
+    for what in ("rollout replica", "reward replica", "trainer group lost", "driver pod 1 failed"):
+        assert what in described, described[-3000:]
+    print("events:\n" + "\n".join(f"  {e['reason']}: {e['message']}" for e in told))
 
 
 def _generations(cluster: Cluster) -> dict[str, Any]:

@@ -190,6 +190,7 @@ def test_dashboard_uses_exported_metrics() -> None:
         "rljob_samples",
         "rljob_operator_pool_replicas",
         "rljob_operator_pool_idle_fraction",
+        "rljob_operator_restarts",
     ):
         assert topic in used, topic
     ids = [p["id"] for p in dashboard["panels"]]

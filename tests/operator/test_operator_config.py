@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rljob_api import PoolReplicas, PoolsStatus, RLJobStatus
+from rljob_api import PoolReplicas, PoolsStatus, Restarts, RLJobStatus
 from rljob_operator.config import OperatorConfig, parse_config
 from rljob_operator.metrics import OperatorMetrics
 from rljob_operator.options import RenderOptions
@@ -56,11 +56,14 @@ def test_jobs_by_phase_and_forget() -> None:
     metrics = OperatorMetrics()
     pools = PoolsStatus(reward=PoolReplicas(desired=3, ready=2))
     metrics.observe_job(("ns", "a"), RLJobStatus(phase="Running", pools=pools), None)
-    metrics.observe_job(("ns", "b"), RLJobStatus(phase="Running"), None)
+    metrics.observe_job(("ns", "b"), RLJobStatus(phase="Running", restarts=Restarts(reward=2, driver=1)), None)
     metrics.observe_job(("ns", "c"), RLJobStatus(phase="Suspended"), None)
     assert value(metrics, "rljob_operator_jobs", phase="Running") == 2
     assert value(metrics, "rljob_operator_job_phase", namespace="ns", rljob="a", phase="Running") == 1
     assert value(metrics, "rljob_operator_pool_replicas", namespace="ns", rljob="a", pool="reward", state="ready") == 2
+    assert value(metrics, "rljob_operator_restarts", namespace="ns", rljob="b", what="reward") == 2
+    assert value(metrics, "rljob_operator_restarts", namespace="ns", rljob="b", what="driver") == 1
+    assert value(metrics, "rljob_operator_restarts", namespace="ns", rljob="a", what="reward") is None  # none yet
     metrics.forget(("ns", "a"))
     assert value(metrics, "rljob_operator_jobs", phase="Running") == 1
     assert value(metrics, "rljob_operator_job_phase", namespace="ns", rljob="a", phase="Running") is None

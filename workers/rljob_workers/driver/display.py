@@ -35,6 +35,9 @@ def status_table(job: str, status: pb.JobStatus) -> Table:
     ]
     if s.waiting_for_reward:
         rows.append(("waiting", f"{s.waiting_for_reward} sample(s) for reward: {status.reward_wait_reason}"))
+    for r in status.restarts:  # each replacement this driver made, oldest first
+        what = r.replica if r.pool == "trainer" else f"{r.pool} {r.replica}"
+        rows.append(("restart", f"{what} at step {r.step} ({r.cause}): {r.replacement} in {r.seconds:.1f} s"))
     for name, value in rows:
         table.add_row(name, value)
     if status.message:

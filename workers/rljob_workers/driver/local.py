@@ -57,7 +57,10 @@ def _run_with_restarts(args: argparse.Namespace, job: RLJob, configs: WorkerConf
     from rljob_workers.driver.local_run import EXIT_TRAINER_LOST, LocalRun
 
     budget = configs.controller.max_restarts["trainer"]
+    from rljob_workers.driver.supervisor import RestartHistory
+
     token = None  # one token for the whole run, made by the first attempt
+    history = RestartHistory()  # one for the whole process: its status lists every replacement
     for restart in range(budget + 1):
         run = LocalRun(
             job,
@@ -71,6 +74,7 @@ def _run_with_restarts(args: argparse.Namespace, job: RLJob, configs: WorkerConf
             stop_timeout=args.stop_timeout,
             lock_folders=False,
             token=token,
+            history=history,
         )
         try:
             rc = asyncio.run(run.main())
@@ -80,6 +84,8 @@ def _run_with_restarts(args: argparse.Namespace, job: RLJob, configs: WorkerConf
             return 2
         if rc != EXIT_TRAINER_LOST:
             return rc
+        cause = run.trainer_watch.dead or (run.view.message if run.view else "") or "the trainer group failed"
+        history.trainer_lost(cause, run.controller.step if run.controller else 0)
         if restart < budget:
             log.warning("restarting the trainer group from the last checkpoint (%d of %d)", restart + 1, budget)
     print(f"the trainer group died more than spec.trainer.maxRestarts ({budget}) times; see above", file=sys.stderr)

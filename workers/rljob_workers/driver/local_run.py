@@ -31,10 +31,10 @@ from rljob_workers.driver.display import Progress
 from rljob_workers.driver.launcher import ActorPool, RayTrainer, init_local_ray, reward_pool, rollout_pool
 from rljob_workers.driver.metrics import JsonlWriter, RunMetrics, plot_rewards
 from rljob_workers.driver.reward_router import RewardRouter
-from rljob_workers.driver.rundir import cut_metrics_after, lock_run_folders
+from rljob_workers.driver.rundir import cut_metrics_after, lock_run_folders, resume_from
 from rljob_workers.driver.setup import SetupError, first_line
 from rljob_workers.driver.stopping import SignalStop
-from rljob_workers.driver.supervisor import PoolSupervisor, TrainerWatch, supervise
+from rljob_workers.driver.supervisor import PoolSupervisor, Restart, RestartHistory, TrainerWatch, supervise
 from rljob_workers.trainer import checkpoint
 
 log = logging.getLogger("rljob")
@@ -70,6 +70,7 @@ class LocalRun:
         stop_timeout: float = 60.0,
         lock_folders: bool = True,
         token: JobToken | None = None,
+        history: RestartHistory | None = None,
     ) -> None:
         self.cluster = cluster
         self.job_file = job_file
@@ -78,6 +79,7 @@ class LocalRun:
         self.signals = SignalStop(stop_timeout)
         self.supervisors: list[PoolSupervisor] = []
         self.trainer_watch = TrainerWatch([])
+        self.history = history or RestartHistory()
         # On a cluster the operator and dashboards reach the controller from other pods.
         self.serve_host = "0.0.0.0" if cluster else "127.0.0.1"
         self.job, self.configs, self.output = job, configs, output
@@ -102,18 +104,6 @@ class LocalRun:
         self.progress = Progress(job.metadata.name, live=display)
 
     # ---- start ---------------------------------------------------------------------------
-    def _resume_dir(self) -> Path | None:
-        root = Path(self.configs.trainer.checkpoint.dir)
-        found = checkpoint.latest(root) if root.exists() else None
-        if found is None and self.resume:
-            log.info("no checkpoint under %s; starting from step 0", root)
-        if found is not None and not self.resume:
-            raise SetupError(
-                f"spec.checkpoint.dir: {root} already holds checkpoints; pass --resume to continue "
-                "from the newest, or remove the directory to start over"
-            )
-        return found
-
     def _use_token(self, token: JobToken) -> None:
         """Every pool serves with `token`; every client of the run sends it."""
         self.token = token
@@ -158,7 +148,7 @@ class LocalRun:
         locks = lock_run_folders(self.output, Path(c.trainer.checkpoint.dir)) if self.lock_folders else []
         try:
             self._use_token(self.token or job_token(self.output, cluster=self.cluster))
-            resume_dir = self._resume_dir()
+            resume_dir = resume_from(Path(c.trainer.checkpoint.dir), self.resume)
             state = checkpoint.read_state(resume_dir) if resume_dir else {}
             if resume_dir:
                 log.info(
@@ -227,12 +217,14 @@ class LocalRun:
             version=version,
             counts=Counts(**state.get("counts", {})),
         )
+        self.history.trainer_back(controller.step)
         view = self.view = RunView(
             controller,
             c.controller.algorithm.total_steps,
             self._pool_sizes,
             stop_requested=controller.stop,
             idle=self.idle_fractions,
+            history=self.history,
         )
         port = self.metrics.serve(self.metrics_port, self.serve_host)
         self.control = await self._serve_control(view)
@@ -267,6 +259,7 @@ class LocalRun:
             lost=lambda name: name in self.clients.replicas and not self.clients.replicas[name].alive,
             attach=self._attach_rollout,
             detach=lambda name, cause: self.clients.remove(name),
+            on_restart=self._replaced,
         )
         reward = PoolSupervisor(
             self.reward,
@@ -274,6 +267,7 @@ class LocalRun:
             lost=lambda name: not self.router.has_replica(name),
             attach=self.router.add_replica,
             detach=self._detach_reward,
+            on_restart=self._replaced,
             lock=reward_lock,
         )
         return [rollout, reward]
@@ -287,6 +281,9 @@ class LocalRun:
         replica.alive = True
         if self.controller is not None:
             await self.controller.wake()  # prompts waiting for a replica may go now
+
+    def _replaced(self, restart: Restart) -> None:
+        self.history.replaced(restart, self.controller.step if self.controller else 0)
 
     async def _detach_reward(self, name: str, cause: str) -> None:
         self.router.drop_replica(name, cause)

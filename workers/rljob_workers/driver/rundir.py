@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 from pathlib import Path
 from typing import IO
 
 from rljob_workers.driver.setup import SetupError
+from rljob_workers.trainer import checkpoint
 
 LOCK_FILE = ".rljob.lock"
+log = logging.getLogger("rljob")
 
 
 class FolderLock:
@@ -79,3 +82,17 @@ def cut_metrics_after(jsonl: Path, step: int) -> int:
         tmp.write_text("".join(f"{line}\n" for line in kept))
         os.replace(tmp, jsonl)
     return dropped
+
+
+def resume_from(root: Path, resume: bool) -> Path | None:
+    """The checkpoint a run starts from: the newest under `root` with --resume, none without (refusing
+    to start over a folder that holds checkpoints)."""
+    found = checkpoint.latest(root) if root.exists() else None
+    if found is None and resume:
+        log.info("no checkpoint under %s; starting from step 0", root)
+    if found is not None and not resume:
+        raise SetupError(
+            f"spec.checkpoint.dir: {root} already holds checkpoints; pass --resume to continue "
+            "from the newest, or remove the directory to start over"
+        )
+    return found

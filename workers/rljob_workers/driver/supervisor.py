@@ -16,12 +16,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 
+from rljob.v1 import control_service_pb2 as control_pb
 from rljob_workers.driver.launcher import ActorPool
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,47 @@ class Restart:
     replacement: str
     detected_after: float  # seconds from the previous check that found it alive
     replaced_in: float  # seconds from detection until the replacement served
+
+
+@dataclass
+class RestartHistory:
+    """Every replacement one driver process made, across its trainer-group restarts, for its status:
+    the operator posts an Event on the RLJob for each entry (run_id tells a new driver process)."""
+
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    entries: list[control_pb.Restart] = field(default_factory=list)
+    _trainer_lost: tuple[str, int, float] | None = None  # cause, step, when
+
+    def replaced(self, restart: Restart, step: int) -> None:
+        self.entries.append(
+            control_pb.Restart(
+                pool=restart.pool,
+                replica=restart.replica,
+                cause=restart.cause,
+                replacement=restart.replacement,
+                seconds=restart.replaced_in,
+                step=step,
+            )
+        )
+
+    def trainer_lost(self, cause: str, step: int) -> None:
+        """The trainer group died; its entry is made when the next group has resumed (`trainer_back`)."""
+        self._trainer_lost = (cause, step, time.monotonic())
+
+    def trainer_back(self, step: int) -> None:
+        if self._trainer_lost is not None:
+            cause, lost_at, since = self._trainer_lost
+            self._trainer_lost = None
+            self.entries.append(
+                control_pb.Restart(
+                    pool="trainer",
+                    replica="trainer group",
+                    cause=cause,
+                    replacement=f"a new trainer group resumed at step {step}",
+                    seconds=time.monotonic() - since,
+                    step=lost_at,
+                )
+            )
 
 
 async def ping(actor: Any) -> str | None:
@@ -72,6 +115,7 @@ class PoolSupervisor:
     lost: Callable[[str], bool]  # the data path already lost this replica
     attach: Callable[[str, str], Awaitable[None]]  # bring a new replica (name, address) into the data path
     detach: Callable[[str, str], Awaitable[None]]  # take a dead replica (name, cause) out of it
+    on_restart: Callable[[Restart], None] = lambda restart: None  # told of each replacement
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # shared with whatever else resizes the pool
     restarts: list[Restart] = field(default_factory=list)
     _seen_alive: float = field(default_factory=time.monotonic)
@@ -118,6 +162,7 @@ class PoolSupervisor:
                 self.pool.pool, name, cause, new, detected - self._seen_alive, time.monotonic() - detected
             )
             self.restarts.append(restart)
+            self.on_restart(restart)
             log.warning("%s replica %s replaced by %s in %.1fs", self.pool.pool, name, new, restart.replaced_in)
 
 

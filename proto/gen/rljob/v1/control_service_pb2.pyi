@@ -55,7 +55,7 @@ class SampleCounts(_message.Message):
     def __init__(self, generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., discarded_stale: _Optional[int] = ..., excluded_reward_error: _Optional[int] = ..., lost_replica: _Optional[int] = ..., reward_retries: _Optional[int] = ..., waiting_for_reward: _Optional[int] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("phase", "step", "total_steps", "policy_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max", "samples_per_second", "rollout", "trainer", "reward", "samples", "checkpoint", "message", "elapsed_seconds", "reward_wait_reason")
+    __slots__ = ("phase", "step", "total_steps", "policy_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max", "samples_per_second", "rollout", "trainer", "reward", "samples", "checkpoint", "message", "elapsed_seconds", "reward_wait_reason", "run_id", "restarts")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -73,6 +73,8 @@ class JobStatus(_message.Message):
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     ELAPSED_SECONDS_FIELD_NUMBER: _ClassVar[int]
     REWARD_WAIT_REASON_FIELD_NUMBER: _ClassVar[int]
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    RESTARTS_FIELD_NUMBER: _ClassVar[int]
     phase: RunPhase
     step: int
     total_steps: int
@@ -90,7 +92,25 @@ class JobStatus(_message.Message):
     message: str
     elapsed_seconds: float
     reward_wait_reason: str
-    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., rollout: _Optional[_Union[PoolStatus, _Mapping]] = ..., trainer: _Optional[_Union[PoolStatus, _Mapping]] = ..., reward: _Optional[_Union[PoolStatus, _Mapping]] = ..., samples: _Optional[_Union[SampleCounts, _Mapping]] = ..., checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ..., reward_wait_reason: _Optional[str] = ...) -> None: ...
+    run_id: str
+    restarts: _containers.RepeatedCompositeFieldContainer[Restart]
+    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., rollout: _Optional[_Union[PoolStatus, _Mapping]] = ..., trainer: _Optional[_Union[PoolStatus, _Mapping]] = ..., reward: _Optional[_Union[PoolStatus, _Mapping]] = ..., samples: _Optional[_Union[SampleCounts, _Mapping]] = ..., checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ..., reward_wait_reason: _Optional[str] = ..., run_id: _Optional[str] = ..., restarts: _Optional[_Iterable[_Union[Restart, _Mapping]]] = ...) -> None: ...
+
+class Restart(_message.Message):
+    __slots__ = ("pool", "replica", "cause", "replacement", "seconds", "step")
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    REPLACEMENT_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    pool: str
+    replica: str
+    cause: str
+    replacement: str
+    seconds: float
+    step: int
+    def __init__(self, pool: _Optional[str] = ..., replica: _Optional[str] = ..., cause: _Optional[str] = ..., replacement: _Optional[str] = ..., seconds: _Optional[float] = ..., step: _Optional[int] = ...) -> None: ...
 
 class GetJobStatusRequest(_message.Message):
     __slots__ = ()

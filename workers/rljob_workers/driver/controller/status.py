@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 from google.protobuf import json_format
 
@@ -12,6 +13,13 @@ from rljob.v1 import control_service_pb2 as pb
 from rljob.v1 import control_service_pb2_grpc as pb_grpc
 from rljob_workers.driver.controller.loop import Controller
 from rljob_workers.driver.controller.report import StepReport
+
+
+class Restarts(Protocol):
+    """What the status shows of the driver's RestartHistory (supervisor.py, above this package)."""
+
+    run_id: str
+    entries: list[pb.Restart]
 
 
 @dataclass
@@ -26,6 +34,7 @@ class RunView:
     message: str = ""
     last: StepReport | None = None
     stop_requested: asyncio.Event | None = None
+    history: Restarts | None = None  # every replacement of this driver process
 
     def snapshot(self) -> pb.JobStatus:
         c = self.controller
@@ -41,6 +50,9 @@ class RunView:
             message=self.message,
         )
         status.samples.waiting_for_reward, status.reward_wait_reason = c.waiting_for_reward
+        if self.history is not None:
+            status.run_id = self.history.run_id
+            status.restarts.extend(self.history.entries)
         if last is not None:
             status.reward_mean = last.reward_mean
             status.reward_std = last.reward_std
@@ -68,6 +80,7 @@ def final_status_message(status: pb.JobStatus) -> str:
     if len(text) > MAX_TERMINATION_MESSAGE:
         for pool in (final.rollout, final.trainer, final.reward):
             del pool.drained[:]
+        del final.restarts[: max(len(final.restarts) - 8, 0)]  # the newest ones tell the end
         final.message = final.message[:1000]
         text = json_format.MessageToJson(final, indent=None)
     return text
