@@ -225,3 +225,46 @@ def test_rljob_status_needs_the_token_file(tmp_path: Path) -> None:
     assert "--token-file" in without.stderr
     assert with_token.returncode == 0, with_token.stderr
     assert "12" in with_token.stdout
+
+
+def test_a_refused_client_stream_is_told_unauthenticated_not_internal() -> None:
+    """A client still writing when its stream is refused saw INTERNAL (grpcio's aio client lets a failed
+    write overwrite the server's status, grpc/grpc#36066): 27 of 30 such streams before the refusal
+    read the stream out first. Now every one is told why."""
+    from rljob.v1 import reward_service_pb2_grpc, sample_pb2
+    from rljob_workers.common.grpc_server import Service, start_server
+
+    class Reward(reward_service_pb2_grpc.RewardServiceServicer):
+        async def Score(self, requests: Any, context: Any) -> Any:
+            async for request in requests:
+                yield reward_service_pb2.ScoreResponse(score=sample_pb2.SampleScore(sample_id=request.sample.sample_id))
+
+    def stream(call: int) -> Iterator[reward_service_pb2.ScoreRequest]:
+        for i in range(64):  # 4 MiB in all: the client is still writing when the refusal comes
+            sample = sample_pb2.RewardSample(sample_id=f"{call}/{i}", completion="x" * 65536)
+            yield reward_service_pb2.ScoreRequest(sample=sample)
+
+    async def go() -> dict[str, int]:
+        service = Service(
+            reward_service_pb2_grpc.add_RewardServiceServicer_to_server, Reward(), "rljob.v1.RewardService"
+        )
+        server = await start_server([service], token="the-job-token")
+        seen: dict[str, int] = {}
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{server.port}") as channel:
+                stub = reward_service_pb2_grpc.RewardServiceStub(channel)
+                for call in range(20):
+                    try:
+                        async for _ in stub.Score(stream(call), timeout=20):
+                            pass
+                        outcome = "OK"
+                    except grpc.aio.AioRpcError as exc:
+                        outcome = f"{exc.code().name}: {exc.details()}"
+                    seen[outcome] = seen.get(outcome, 0) + 1
+        finally:
+            await server.stop(None)
+        return seen
+
+    assert asyncio.run(go()) == {
+        "UNAUTHENTICATED: /rljob.v1.RewardService/Score: no job token (authorization: Bearer <token>)": 20
+    }
