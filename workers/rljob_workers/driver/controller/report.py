@@ -61,3 +61,4 @@ class StepReport:
     # The batch's slowest group, from dispatch to its last score. maxStaleness + 1 steps take at
     # least this plus a train step, or the trainer waits (the reward_pipeline benchmark's latency bound).
     group_latency_max: float = 0.0
+    sync_seconds: float = 0.0  # of step_seconds, the weight sync to the rollout pool

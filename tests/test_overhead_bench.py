@@ -1,0 +1,50 @@
+"""benchmarks/overhead/run.py, run short: the one-process loop and `rljob run` of the same spec each
+train as their own process, and the table compares them row by row (the figures themselves are the
+benchmark's, quoted in the README from a full run)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+from rljob_workers.models.tiny import make_tiny_model
+from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
+
+from conftest import REPO
+
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+STEPS = 4
+
+
+def _bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_overhead", REPO / "benchmarks" / "overhead" / "run.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_both_runs_train_every_step_and_the_table_compares_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
+    doc["spec"]["model"]["path"] = str(make_tiny_model(tmp_path / "model"))
+    doc["spec"]["data"]["path"] = str(write_jsonl(tmp_path / "train.jsonl", make_problems(256, seed=3)))
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    assert _bench().main(["--steps", str(STEPS), "--staleness", "1", "--job", str(job)]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| one process", "| rljob run"))]
+    assert [r[0] for r in rows] == ["| one process", "| rljob run, maxStaleness 1"], out
+    base, rljob = rows
+    assert float(base[3]) == 1.0 and float(rljob[3]) > 0, out  # the ratio to the baseline
+    assert "generate" in base[4] and "waiting for the batch" in rljob[4] and "weight sync" in rljob[4], out
+    for row in rows:  # start-up (spawn until training starts) and training fit in the whole process
+        train, startup, rest, whole = (float(row[i].removesuffix(" s")) for i in (5, 6, 7, 8))
+        assert 0 < train < whole and 0 < startup < whole and rest >= 0, row
