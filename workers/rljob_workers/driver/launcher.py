@@ -22,6 +22,11 @@ log = logging.getLogger(__name__)
 # How long a replica may take to stop cleanly before it is killed: a replica wedged in a collective
 # or an engine must not hold up the run's end or a scale-down.
 STOP_GRACE_SECONDS = 30.0
+# Ray's own start gives its raylet a fixed 30 s to register (and the raylet its agents 15 s,
+# ray-project/ray#65983); on a busy small machine that can run out, or the dashboard process dies at
+# start (seen in CI: "Failed to start the dashboard, return code -6"). One more start is then made.
+RAY_START_ATTEMPTS = 2
+RAY_START_TIMED_OUT = "timed out during startup"
 
 
 def init_local_ray(configs: WorkerConfigs, rollout_cpus: float, reward_cpus: float, trainer_cpus: float) -> None:
@@ -31,14 +36,23 @@ def init_local_ray(configs: WorkerConfigs, rollout_cpus: float, reward_cpus: flo
     rollouts = configs.controller.rollout_replicas
     # Every actor fits even on a small machine: cores are shared, Ray only books them.
     cpus = rollouts * rollout_cpus + reward_max * reward_cpus + trainers * trainer_cpus + 1
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            # One spare rollout slot for a replacement replica.
+            _start_ray(int(cpus + 0.999), {"rollout": rollouts + 1, "reward": reward_max, "trainer": trainers})
+            return
+        except Exception as exc:
+            if RAY_START_TIMED_OUT not in str(exc) or attempt == RAY_START_ATTEMPTS:
+                raise
+            log.warning("Ray's node did not come up (%s); starting Ray again", str(exc).split(". ")[0])
+            ray.shutdown()
+
+
+def _start_ray(cpus: int, resources: dict[Pool, int]) -> None:
     ray.init(
         address="local",
-        num_cpus=int(cpus + 0.999),
-        resources={
-            pool_resource("rollout"): rollouts + 1,  # one spare for a replacement replica
-            pool_resource("reward"): reward_max,
-            pool_resource("trainer"): trainers,
-        },
+        num_cpus=cpus,
+        resources={pool_resource(pool): count for pool, count in resources.items()},
         include_dashboard=False,
         logging_level=logging.WARNING,
         configure_logging=True,
