@@ -92,6 +92,20 @@ def pool_pods(cluster: Cluster, ns: str, selector: str = "rljob.io/pool") -> lis
     return [p for p in cluster.objects("pods", ns, selector) if not p["metadata"].get("deletionTimestamp")]
 
 
+def pods_summary(cluster: Cluster, ns: str, selector: str) -> list[str]:
+    """One line per pod for a failure message: name, phase, node and why it is not scheduled."""
+    lines = []
+    for p in cluster.objects("pods", ns, selector):
+        status = p.get("status") or {}
+        scheduled: dict[str, Any] = next((c for c in status.get("conditions") or [] if c["type"] == "PodScheduled"), {})
+        deleting = " deleting" if p["metadata"].get("deletionTimestamp") else ""
+        lines.append(
+            f"{p['metadata']['name']} {status.get('phase')}{deleting} on {p['spec'].get('nodeName')!r}"
+            f" scheduled={scheduled.get('status')} {scheduled.get('message', '')}".rstrip()
+        )
+    return lines
+
+
 def misplaced(pods: list[dict[str, Any]], nodes: dict[str, dict[str, str]]) -> list[str]:
     """Pool pods on a node of another pool (or on no known node)."""
     bad = []

@@ -29,6 +29,7 @@ from e2e_gpu import (
     misplaced,
     node_labels,
     operator_errors,
+    pods_summary,
     pool,
     pool_pods,
     wait_ready,
@@ -127,9 +128,11 @@ def test_reward_node_lost_and_back(cluster: Cluster, operator: OperatorProcess, 
     assert old not in [p["metadata"]["name"] for p in pool_pods(cluster, ns, "rljob.io/job=lost")]
 
     t1 = time.monotonic()
-    create_nodes(cluster, LOST_POOL.nodes())
-    wait_ready(cluster, f"rljob.io/e2e-pool={LOST_POOL.name}", 1, timeout=60)
-    pods = wait_for("reward pod rescheduled and Running", lambda: all_pools_running(cluster, ns, "lost"), timeout=90)
+    bring_back_cordoned(cluster, node)
+    try:
+        pods = wait_for("reward pod rescheduled, Running", lambda: all_pools_running(cluster, ns, "lost"), timeout=90)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; pods: {pods_summary(cluster, ns, 'rljob.io/job=lost')}") from None
     (again,) = [p for p in pods if p["metadata"]["labels"]["rljob.io/pool"] == "reward"]
     assert again["metadata"]["name"] != old and again["spec"]["nodeName"] == node, again["spec"].get("nodeName")
     status = wait_for(
@@ -141,6 +144,18 @@ def test_reward_node_lost_and_back(cluster: Cluster, operator: OperatorProcess, 
     assert status["pools"]["reward"] == {"desired": 1, "ready": 1}
     assert condition(status, "RewardReady")["status"] == "True"
     assert condition(status, "Degraded")["status"] == "False", condition(status, "Degraded")
+
+
+def bring_back_cordoned(cluster: Cluster, node: str) -> None:
+    """The lost node registers again, as a kubelet would, but cordoned until kwok holds its Lease.
+
+    kwok (v0.8) plays a pod only on a node whose Lease its cache shows it holding; a pod bound in the
+    moment before (the node was just created, the pod waited Pending for it) is skipped and never looked
+    at again. A real kubelet has no such window, so the test keeps the pod off the node until then."""
+    create_nodes(cluster, [{**n, "spec": {**n.get("spec", {}), "unschedulable": True}} for n in LOST_POOL.nodes()])
+    wait_ready(cluster, f"rljob.io/e2e-pool={LOST_POOL.name}", 1, timeout=60)
+    wait_for(f"kwok holding the Lease of {node}", lambda: cluster.get("lease", node, "kube-node-lease"), timeout=60)
+    cluster.kubectl("uncordon", node)
 
 
 def test_pool_pod_marked_not_ready_and_back(cluster: Cluster, operator: OperatorProcess, ns: str) -> None:
