@@ -147,3 +147,22 @@ def test_random_traces_stay_within_bounds_steps_and_cooldown() -> None:
             assert bounds.min <= d.replicas <= bounds.max
             assert -spec.max_step_down <= d.replicas - d.previous <= spec.max_step_up
         assert_cooldown_respected(decisions, spec.cooldown_seconds)
+
+
+def test_a_burst_the_pool_clears_within_an_interval_adds_no_replica() -> None:
+    """Rollout hands over a step's samples at once. 128 samples at 10 ms each are 1.28 slot-seconds of work,
+    gone within one 1 s interval on one replica: a backlog of 128 at the moment of looking asks for none
+    more. (On the real node the burst alone held the pool at its maximum for the whole run.)"""
+    spec = ScalingSpec(target_backlog_per_replica=12, interval_seconds=1, cooldown_seconds=5, max_step_up=3)
+    burst = ScalingObservation(now=100, backlog=128, arrival_rate=128, latency_seconds=0.01, replicas=1)
+    assert decide(ScalingState(), burst, ReplicaRange(min=1, max=3), spec).replicas == 1
+    at_three = ScalingObservation(now=100, backlog=128, arrival_rate=128, latency_seconds=0.01, replicas=3)
+    assert decide(ScalingState(), at_three, ReplicaRange(min=1, max=3), spec).replicas == 2  # one step down
+
+
+def test_a_backlog_that_outlasts_the_interval_scales_up() -> None:
+    """The same burst at 0.6 s a sample is 77 slot-seconds: 7 replicas of 12 to clear it in a second."""
+    spec = ScalingSpec(target_backlog_per_replica=12, interval_seconds=1, cooldown_seconds=5, max_step_up=8)
+    slow = ScalingObservation(now=100, backlog=128, arrival_rate=20, latency_seconds=0.6, replicas=1)
+    decision = decide(ScalingState(), slow, ReplicaRange(min=1, max=10), spec)
+    assert (decision.replicas, decision.wanted) == (7, 7), decision.reason

@@ -188,7 +188,10 @@ class ScalingSpec(Model):
     """Targets of the elastic reward policy."""
 
     target_backlog_per_replica: float = Field(
-        16.0, description="Queued plus in-flight samples per replica the policy aims for.", gt=0
+        16.0,
+        description="Samples in service at once per replica the policy aims for: the load is the arrival rate × "
+        "the service latency, or the backlog × the latency ÷ intervalSeconds (cleared within an interval).",
+        gt=0,
     )
     cooldown_seconds: float = Field(30.0, description="Least time between two scaling decisions.", ge=0)
     max_step_up: int = Field(4, description="Most replicas added in one decision.", ge=1)

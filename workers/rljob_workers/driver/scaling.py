@@ -1,9 +1,13 @@
 """The elastic reward policy: one pure function from what the reward pool sees to how many replicas it should have.
 
-The load is the number of samples that need a slot: the larger of the backlog now (queued plus
-in flight) and the steady-state backlog that the arrival rate implies at the service latency
-(Little's law, ``rate × latency``). The pool aims at ``targetBacklogPerReplica`` samples per
-replica:
+The load is the number of slots (samples in service at once) the pool needs: the larger of the
+steady state that the arrival rate implies at the service latency (Little's law, ``rate ×
+latency``) and what clears the backlog now (queued plus in flight) within one interval
+(``backlog × latency / intervalSeconds``). Rollout hands a step's samples over at once, so the
+backlog at the moment of looking swings from zero to a whole step's samples; counted as slots as
+it was, such a burst that one replica clears in a fraction of a second held the pool at its
+maximum. Before any latency is known the backlog itself is the load. The pool aims at
+``targetBacklogPerReplica`` samples per replica:
 
 - up to ``ceil(load / target)`` replicas, at most ``maxStepUp`` more at once;
 - down only when the load would fit fewer replicas with ``DOWN_HEADROOM`` to spare
@@ -62,16 +66,17 @@ class ScalingDecision:
         return self.replicas != self.previous
 
 
-def load_of(obs: ScalingObservation) -> float:
-    """Samples that need a slot: the backlog now, or the backlog the arrival rate sustains."""
-    steady = obs.arrival_rate * obs.latency_seconds if obs.latency_seconds else 0.0
-    return max(float(obs.backlog), steady)
+def load_of(obs: ScalingObservation, interval: float) -> float:
+    """Slots needed: the arrival rate's steady state, or clearing the backlog within `interval` seconds."""
+    if not obs.latency_seconds:
+        return float(obs.backlog)
+    return max(obs.arrival_rate, obs.backlog / interval) * obs.latency_seconds
 
 
 def decide(state: ScalingState, obs: ScalingObservation, bounds: ReplicaRange, scaling: ScalingSpec) -> ScalingDecision:
     """The reward replica count for `obs`; see the module docstring."""
     current, target = obs.replicas, scaling.target_backlog_per_replica
-    load = load_of(obs)
+    load = load_of(obs, scaling.interval_seconds)
     need = math.ceil(load / target)
     up = _clamp(need, bounds)
     down = _clamp(math.ceil(load / (target * DOWN_HEADROOM)), bounds)
