@@ -66,11 +66,17 @@ async def scenario() -> tuple[list[int], list[str], int, int]:
     await asyncio.gather(*burst)
     for _ in range(6):  # idle: nothing waiting
         sizes.append((await elastic.step()).replicas)
+    by_replica = elastic.scored_by_replica()
     await router.close()
-    for name in list(pool.actors):
+    remaining = list(pool.actors)
+    for name in remaining:
         await pool.stop(name)
     ids = [s.sample_id for s in scores]
     assert all(not s.HasField("error") and s.score == 1.0 for s in scores)
+    # every score counted once against the replica that gave it, the drained replicas' included
+    assert sum(by_replica.values()) == len(ids) and set(elastic.retired) <= set(by_replica), by_replica
+    assert sorted(elastic.retired) == sorted(set(pool.stopped) - set(remaining)), (elastic.retired, pool.stopped)
+    assert any(elastic.retired.values()), elastic.retired
     return sizes, pool.stopped, len(ids), len(set(ids))
 
 

@@ -191,6 +191,9 @@ def test_dashboard_uses_exported_metrics() -> None:
         "rljob_operator_pool_replicas",
         "rljob_operator_pool_idle_fraction",
         "rljob_operator_restarts",
+        "rljob_reward_backlog",
+        "rljob_reward_replicas",
+        "rljob_weight_sync_seconds",
     ):
         assert topic in used, topic
     ids = [p["id"] for p in dashboard["panels"]]

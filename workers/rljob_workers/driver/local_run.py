@@ -345,6 +345,8 @@ class LocalRun:
             for pool, meter in self.idle.items():
                 meter.record(now, busy[pool])
             self.metrics.set_idle(self.idle_fractions())
+            if self.elastic is not None:
+                self.metrics.set_reward(self.elastic.backlog(), self.elastic.desired, self.elastic.ready())
             self.progress.update(view.snapshot(), step_done=False)
             await asyncio.sleep(0.2)
 
@@ -365,6 +367,8 @@ class LocalRun:
             lines.append(f"checkpoint:   {self.controller.last_checkpoint}")
             if rc and self.job_file is not None:
                 lines.append(f"resume with:  rljob run {self.job_file} --resume --output {self.output}")
+        if self.elastic is not None:
+            lines.append("reward scored: " + ", ".join(f"{n} {k}" for n, k in self.elastic.scored_by_replica().items()))
         if jsonl.exists() and reports:
             lines.append(f"metrics:      {jsonl}")
             png = plot_rewards(jsonl, self.output / "reward-curve.png", f"rljob run: {self.job.metadata.name}")

@@ -50,6 +50,22 @@ class RunMetrics:
             list(labels),
             registry=self.registry,
         )
+        self.sync_seconds = Gauge(
+            "rljob_weight_sync_seconds",
+            "Seconds of the last train step spent syncing weights to the rollout pool",
+            list(labels),
+            registry=self.registry,
+        )
+        self.reward_backlog = Gauge(
+            "rljob_reward_backlog", "Samples waiting for a reward replica or being scored", list(labels),
+            registry=self.registry,
+        )  # fmt: skip
+        self.reward_replicas = Gauge(
+            "rljob_reward_replicas",
+            "Reward replicas the elastic policy wants (desired) and that take samples (ready)",
+            [*labels, "state"],
+            registry=self.registry,
+        )
         self.idle = Gauge(
             "rljob_pool_idle_fraction",
             "Fraction of the last minute a pool was idle",
@@ -80,6 +96,11 @@ class RunMetrics:
         for pool, fraction in fractions.items():
             self.idle.labels(**self.labels, pool=pool).set(fraction)
 
+    def set_reward(self, backlog: int, desired: int, ready: int) -> None:
+        self.reward_backlog.labels(**self.labels).set(backlog)
+        self.reward_replicas.labels(**self.labels, state="desired").set(desired)
+        self.reward_replicas.labels(**self.labels, state="ready").set(ready)
+
     def update(self, report: StepReport) -> None:
         self.step.labels(**self.labels).set(report.step)
         self.version.labels(**self.labels).set(report.version)
@@ -88,6 +109,7 @@ class RunMetrics:
         self.step_seconds.labels(**self.labels).set(report.step_seconds)
         self.trainer_wait.labels(**self.labels).set(report.wait_seconds)
         self.group_latency.labels(**self.labels).set(report.group_latency_max)
+        self.sync_seconds.labels(**self.labels).set(report.sync_seconds)
         for outcome in COUNT_HELP:
             delta = getattr(report.counts, outcome) - getattr(self._seen, outcome)
             if delta > 0:

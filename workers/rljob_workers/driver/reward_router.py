@@ -156,11 +156,12 @@ class RewardRouter:
         self._replicas[name] = replica
         self._notify()
 
-    async def remove_replica(self, name: str, timeout: float | None = None) -> None:
-        """Drain a replica: no new samples; in-flight ones finish (or, after `timeout`, go elsewhere)."""
+    async def remove_replica(self, name: str, timeout: float | None = None) -> int:
+        """Drain a replica: no new samples; in-flight ones finish (or, after `timeout`, go elsewhere).
+        Returns the samples it scored."""
         replica = self._replicas.get(name)
         if replica is None:
-            return
+            return 0
         replica.draining = True
         deadline = None if timeout is None else time.monotonic() + timeout
         while replica.outstanding and replica.alive:
@@ -176,6 +177,7 @@ class RewardRouter:
         if replica.reader is not None:
             with contextlib.suppress(asyncio.CancelledError):
                 await replica.reader
+        return replica.scored
 
     def has_replica(self, name: str) -> bool:
         return name in self._replicas

@@ -41,13 +41,19 @@ class ElasticRewardPool:
     desired: int = 0
     drained: deque[str] = field(default_factory=lambda: deque(maxlen=32))
     decisions: list[ScalingDecision] = field(default_factory=list)
+    retired: dict[str, int] = field(default_factory=dict)  # drained replica -> samples it scored
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held while the pool changes (supervision too)
     _last: tuple[float, int] | None = None
+
+    def backlog(self) -> int:
+        """Samples waiting for a replica or being scored."""
+        stats = self.router.stats()
+        return stats.waiting + sum(r.outstanding for r in stats.replicas.values())
 
     def observe(self, now: float) -> ScalingObservation:
         stats = self.router.stats()
         live = [r for r in stats.replicas.values() if not r.draining]
-        backlog = stats.waiting + sum(r.outstanding for r in stats.replicas.values())
+        backlog = self.backlog()
         arrived = self.arrivals()
         rate = 0.0
         if self._last is not None and now > self._last[0]:
@@ -75,8 +81,11 @@ class ElasticRewardPool:
         elif decision.replicas < current:
             log.info("reward pool %d -> %d: %s", current, decision.replicas, decision.reason)
             for name in self._victims(current - decision.replicas):
-                await self.router.remove_replica(name, self.drain_timeout)  # in-flight samples finish
-                self.drained.append(await self.pool.stop(name))
+                scored = await self.router.remove_replica(name, self.drain_timeout)  # in-flight samples finish
+                pod = await self.pool.stop(name)
+                self.drained.append(pod)
+                self.retired[name] = scored
+                log.info("reward replica %s drained after scoring %d samples; %s stopped", name, scored, pod)
         return decision
 
     def _victims(self, count: int) -> list[str]:
@@ -89,6 +98,10 @@ class ElasticRewardPool:
         while True:
             await asyncio.sleep(self.scaling.interval_seconds)
             await self.step()
+
+    def scored_by_replica(self) -> dict[str, int]:
+        """Samples each replica of the run scored, the drained ones included."""
+        return {**self.retired, **{name: r.scored for name, r in self.router.stats().replicas.items()}}
 
     def ready(self) -> int:
         return sum(1 for r in self.router.stats().replicas.values() if not r.draining)

@@ -1,0 +1,46 @@
+"""The driver's /metrics over HTTP: what the shipped dashboard's run panels read (step, weight-sync time,
+reward backlog and replicas, samples by outcome)."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from rljob_workers.driver.controller.report import Counts, StepReport
+from rljob_workers.driver.metrics import RunMetrics
+
+
+def _report(step: int, sync_seconds: float, counts: Counts) -> StepReport:
+    return StepReport(
+        step=step, version=step, reward_mean=0.5, reward_std=0.1, staleness_mean=0.5, staleness_max=1, samples=128,
+        prompt_ids=[], train_metrics={}, step_seconds=0.4, wait_seconds=0.1, elapsed_seconds=step * 0.4,
+        counts=counts, sync_seconds=sync_seconds,
+    )  # fmt: skip
+
+
+def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return {
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "job_name"))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_metrics_endpoint_serves_sync_time_reward_backlog_and_replicas() -> None:
+    metrics = RunMetrics("demo")
+    port = metrics.serve(0)
+    try:
+        metrics.update(_report(1, 0.25, Counts(generated=128, scored=128, trained=128)))
+        metrics.update(_report(2, 0.5, Counts(generated=256, scored=250, trained=256)))
+        metrics.set_reward(backlog=37, desired=3, ready=2)
+        got = _scrape(port)
+    finally:
+        metrics.close()
+    assert got[("rljob_step", ())] == 2
+    assert got[("rljob_weight_sync_seconds", ())] == 0.5  # the last step's, not a sum
+    assert got[("rljob_reward_backlog", ())] == 37
+    assert got[("rljob_reward_replicas", (("state", "desired"),))] == 3
+    assert got[("rljob_reward_replicas", (("state", "ready"),))] == 2
+    assert got[("rljob_samples_total", (("outcome", "scored"),))] == 250  # counted once across reports
