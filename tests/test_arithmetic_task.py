@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 from pathlib import Path
 
 import pytest
 
 from rljob_workers.tasks import arithmetic
-from rljob_workers.tasks.arithmetic import exact_match
+from rljob_workers.tasks.arithmetic import exact_match, judged_match
 
 
 def test_problem_format() -> None:
@@ -83,3 +85,15 @@ def test_exact_match(completion: str, reward: float) -> None:
 
 def test_exact_match_ignores_extra_metadata() -> None:
     assert exact_match(prompt="1+1=", completion="2", answer="2", policy_version=3) == 1.0
+
+
+def test_judged_match_takes_the_prompts_judge_seconds_and_scores_like_exact_match() -> None:
+    async def timed(judge_seconds: object) -> tuple[float, float, float]:
+        started = time.monotonic()
+        right = await judged_match("2+3=", "5", "5", judge_seconds=judge_seconds)
+        wrong = await judged_match("2+3=", "6", "5", judge_seconds=judge_seconds)
+        return right, wrong, time.monotonic() - started
+
+    right, wrong, took = asyncio.run(timed("0.2"))  # a JSON string field, as a dataset may give it
+    assert (right, wrong) == (1.0, 0.0) and 0.4 <= took < 1.0, took
+    assert asyncio.run(timed(0))[2] < 0.1  # absent or zero: no wait

@@ -10,7 +10,9 @@ run volume, and `kubectl delete rlj` must leave nothing of it but the user's two
 spec then runs with `rljob run` on this machine, for the cost of pods and networking per step. While it
 trains, a pod of another namespace calls its ControlService and WeightService without the job's token
 and is refused. A second, longer run loses a reward, a rollout and a trainer pod, the operator pod and
-the driver pod, one at a time, and still trains every prompt once and scores every sample once.
+the driver pod, one at a time, and still trains every prompt once and scores every sample once. Two
+more runs put a judge that slows down for a stretch in front of an elastic reward pool and a fixed one:
+the elastic group grows with the backlog and shrinks after it, draining each replica before its pod goes.
 
 Skips only where the machine cannot run containers or the images are not built, naming what is missing.
 """
@@ -30,6 +32,16 @@ from typing import Any
 import pytest
 import yaml
 from e2e_cluster import Cluster, missing_binaries, real_node_missing, wait_for
+from e2e_elastic import (
+    PoolRun,
+    PoolWatch,
+    Stretch,
+    drained_pods,
+    elastic_table,
+    judged_job,
+    scored_by_replica,
+    write_judged_data,
+)
 from e2e_faults import Fault, FaultRun, fault_job, fault_table
 from e2e_real import (
     cluster_job,
@@ -194,6 +206,60 @@ def run_locally(setup: Setup, job: dict[str, Any]) -> tuple[float, list[float]]:
         check=True, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     return seconds_per_step(local_output / "metrics.jsonl")
+
+
+ELASTIC_STEPS, SLOW = 90, Stretch(12, 36)
+POOLS = {"elastic": (1, 3), "fixed": (3, 3)}  # reward replicas (min, max)
+
+
+def test_reward_pool_grows_and_shrinks_with_its_backlog(setup: Setup) -> None:
+    """A judge that slows down 60x from step 12 to 36: the elastic job's reward backlog grows, the driver asks for
+    more replicas, the operator raises the reward worker group, KubeRay starts pods, their replicas take
+    samples; once the judge is fast again a replica is drained and its pod goes while the run trains on.
+    The same job with a fixed pool at the maximum beside it: reward pod-seconds and time, both ledgers clean."""
+    write_judged_data(setup.assets, ELASTIC_STEPS, SLOW)
+    runs, watches, logs = {}, {}, {}
+    for name, replicas in POOLS.items():
+        runs[name], watches[name], logs[name] = _judged_run(setup, name, replicas)
+        print(f"\n{name} reward pool {replicas}:\n  " + "\n  ".join(watches[name].changes()), flush=True)
+    elastic, fixed = runs["elastic"], runs["fixed"]
+    print("\n" + elastic_table(elastic, fixed))
+    grown = watches["elastic"]
+    assert grown.peak() >= 2 and watches["fixed"].peak() == 3, (grown.peak(), watches["fixed"].peak())
+    drained = drained_pods(logs["elastic"])
+    assert drained, "no reward replica was drained:\n" + logs["elastic"][-3000:]
+    # each drained replica's pod went (KubeRay's workersToDelete) while the job still trained
+    assert all(grown.gone_before_step(pod, ELASTIC_STEPS) for pod in drained), (drained, grown.changes())
+    assert sum(1 for n in elastic.scored.values() if n > 0) >= 2, elastic.scored  # the added replicas scored
+    assert elastic.pod_seconds < fixed.pod_seconds, (elastic, fixed)
+
+
+def _judged_run(setup: Setup, name: str, replicas: tuple[int, int]) -> tuple[PoolRun, PoolWatch, str]:
+    """Apply the judged job, watch its reward pods until it ends, check its ledger, delete it."""
+    cluster = setup.cluster
+    job = judged_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"], name, ELASTIC_STEPS, replicas)
+    started = time.monotonic()
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
+    watch_ = PoolWatch(cluster, NS, name).start()
+    try:
+        status = wait_for(f"{name} to end", lambda: _ended(_status(cluster, name)), timeout=TIMEOUT, every=1.0)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{diagnose(cluster, NS)}") from None
+    finally:
+        watch_.stop()
+    wall = time.monotonic() - started
+    assert status["phase"] == "Succeeded", diagnose(cluster, NS)
+    driver_log = cluster.kubectl("logs", "-n", NS, f"job/{name}-driver").stdout
+    books = read_ledger(setup.runs / name / "metrics.jsonl", ELASTIC_STEPS, job["spec"]["algorithm"]["promptsPerStep"])
+    assert books.clean, (name, books.prompts_lost, books.trained_twice, books.scored_twice)
+    per_step, _ = seconds_per_step(setup.runs / name / "metrics.jsonl")
+    cluster.kubectl("delete", "rlj", name, "-n", NS, "--wait=true", "--timeout=120s")
+    wait_gone(cluster, NS, f"rljob.io/job={name}", "pods")
+    return PoolRun(name, watch_.pod_seconds(), per_step, wall, scored_by_replica(driver_log)), watch_, driver_log
+
+
+def _status(cluster: Cluster, name: str) -> dict[str, Any]:
+    return dict((cluster.get("rlj", name, NS) or {}).get("status") or {})
 
 
 FAULT_JOB, FAULT_STEPS = "faults", 400

@@ -11,6 +11,7 @@ dataset file, generated deterministically from a seed.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from collections.abc import Iterable
@@ -82,3 +83,13 @@ def exact_match(prompt: str, completion: str, answer: str, **_: object) -> float
     arguments (sample metadata) are ignored.
     """
     return 1.0 if strip_completion(completion) == answer.strip() else 0.0
+
+
+async def judged_match(prompt: str, completion: str, answer: str, judge_seconds: object = 0, **_: object) -> float:
+    """`exact_match` behind a judge that takes `judge_seconds` to answer (a data field of the prompt).
+
+    A stand-in for an LLM judge's or a sandbox's latency, varying across the data as a slow judge's
+    does, for trying the elastic reward pool (the real-node test's elastic run uses it).
+    """
+    await asyncio.sleep(float(str(judge_seconds)))
+    return exact_match(prompt, completion, answer)
