@@ -131,8 +131,9 @@ def worker_group(job: RLJob, shape: PoolShape, reward: RewardGroup) -> dict[str,
         "rayStartParams": {
             "num-cpus": str(ray_cpus(resources, cpus)),
             "num-gpus": str(shape.gpus),
-            # KubeRay passes the value to `ray start --resources` as is: a JSON object inside quotes.
-            "resources": json.dumps(json.dumps({pool_resource(shape.pool): shape.actors_per_pod})),
+            # JSON in single quotes: KubeRay puts the value in `ray start --resources=...` under `bash -lc`,
+            # and parses it itself after trimming the quotes (the form it writes, too).
+            "resources": f"'{json.dumps({pool_resource(shape.pool): shape.actors_per_pod})}'",
         },
         "template": template,
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -166,15 +167,26 @@ def test_cpu_pools_request_no_gpus() -> None:
         assert group["rayStartParams"]["num-gpus"] == "0"
 
 
+def kuberay_reads(resources: str) -> dict[str, float]:
+    """What KubeRay v1.6's getResourcesMap makes of rayStartParams.resources."""
+    return dict(json.loads(resources.strip("'\"` ")))
+
+
 def test_replicas_and_pool_resources() -> None:
     g = groups(rendered(gpu_job()))
     assert (g["rollout"]["replicas"], g["rollout"]["minReplicas"], g["rollout"]["maxReplicas"]) == (4, 4, 4)
     assert g["trainer"]["replicas"] == 2
     assert (g["reward"]["replicas"], g["reward"]["minReplicas"], g["reward"]["maxReplicas"]) == (2, 2, 16)
-    # The quoted JSON KubeRay passes to `ray start --resources`; one trainer rank per GPU.
-    assert json.loads(json.loads(g["rollout"]["rayStartParams"]["resources"])) == {"rljob.io/rollout": 1}
-    assert json.loads(json.loads(g["trainer"]["rayStartParams"]["resources"])) == {"rljob.io/trainer": 8}
-    assert json.loads(json.loads(g["reward"]["rayStartParams"]["resources"])) == {"rljob.io/reward": 1}
+    # One trainer rank per GPU. KubeRay passes the value to `ray start --resources` inside `bash -lc`, and
+    # reads it itself (to add accelerators) by trimming quotes and parsing JSON, as here: JSON in single
+    # quotes serves both. Escaped JSON in double quotes reached Ray intact but failed KubeRay's own
+    # reading ("failed to add accelerator resources to rayStartParams", on every worker pod it built).
+    assert kuberay_reads(g["rollout"]["rayStartParams"]["resources"]) == {"rljob.io/rollout": 1}
+    assert kuberay_reads(g["trainer"]["rayStartParams"]["resources"]) == {"rljob.io/trainer": 8}
+    assert kuberay_reads(g["reward"]["rayStartParams"]["resources"]) == {"rljob.io/reward": 1}
+    assert shlex.split(f"ray start --resources={g['reward']['rayStartParams']['resources']}")[-1] == (
+        '--resources={"rljob.io/reward": 1}'
+    )
     # 8 ranks of 1 CPU each on a trainer node.
     assert g["trainer"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "8"
 
