@@ -5,10 +5,8 @@ short); the ledger's check itself is tested on a doctored metrics.jsonl."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -19,19 +17,14 @@ from rljob_workers.driver.ledger import read_ledger
 from rljob_workers.models.tiny import make_tiny_model
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
-from conftest import REPO
+from conftest import REPO, load_script
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(900)]
 STEPS = 30
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_faults", REPO / "benchmarks" / "faults" / "run.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "benchmarks" / "faults" / "run.py", "bench_faults")
 
 
 def test_three_kills_at_random_steps_are_survived(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

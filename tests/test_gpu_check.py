@@ -3,7 +3,6 @@ exit status; on a CUDA device the full check runs (skipped, with the reason, whe
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,7 @@ from types import ModuleType
 import pytest
 import torch
 
-from conftest import REPO
+from conftest import REPO, load_script
 
 SCRIPT = REPO / "benchmarks" / "gpu" / "run.py"
 # check -> its status when it holds: "info" rows are measured side by side with no bar
@@ -48,12 +47,7 @@ def assert_every_row_holds(out: subprocess.CompletedProcess[str]) -> dict[str, d
 
 
 def load_check() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpu_check_run", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "gpu_check_run")
 
 
 def test_quick_cpu_run_prints_every_row_and_holds_its_bars() -> None:

@@ -4,18 +4,11 @@ printed, not asserted: on a shared 2-core machine it moves with the load (see th
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
-from conftest import REPO
+from conftest import REPO, load_script
 
 
 def test_engine_logprobs_hold_about_what_plain_generate_holds(capsys):
-    spec = importlib.util.spec_from_file_location("bench_hf_engine", REPO / "benchmarks" / "hf_engine" / "run.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
+    bench = load_script(REPO / "benchmarks" / "hf_engine" / "run.py", "bench_hf_engine")
     results = bench.run_all(batch=8, new_tokens=128, vocab=32000, device="cpu", rounds=1, repeats=1)
     plain, engine, old = (results[v]["peak_bytes"] for v in ("plain", "engine", "all-logits"))
     speed = results["plain"]["seconds"] / results["engine"]["seconds"]

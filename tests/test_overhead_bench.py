@@ -4,8 +4,6 @@ benchmark's, quoted in the README from a full run)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -15,19 +13,14 @@ import yaml
 from rljob_workers.models.tiny import make_tiny_model
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
-from conftest import REPO
+from conftest import REPO, load_script
 
 pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
 STEPS = 4
 
 
 def _bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_overhead", REPO / "benchmarks" / "overhead" / "run.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "benchmarks" / "overhead" / "run.py", "bench_overhead")
 
 
 def test_both_runs_train_every_step_and_the_table_compares_them(

@@ -3,19 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
-import sys
 
-from conftest import REPO
+from conftest import REPO, load_script
 
 
 def test_overhead_measures_both_sides_of_a_real_replica() -> None:
-    path = REPO / "benchmarks" / "reward_overhead" / "run.py"
-    spec = importlib.util.spec_from_file_location("bench_reward_overhead", path)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # dataclasses look their module up
-    spec.loader.exec_module(bench)
+    bench = load_script(REPO / "benchmarks" / "reward_overhead" / "run.py", "bench_reward_overhead")
     result = asyncio.run(bench.measure(samples=400, concurrency=32, sleep_seconds=0.005, warmup=50))
     assert result.samples == 400
     # 400 samples at 32 in flight and 5 ms each: at least 12 rounds of the rule's wait.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import sys
@@ -13,19 +12,14 @@ import pytest
 
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
-from conftest import REPO
+from conftest import REPO, load_script
 from tiny_models import char_llama
 
 BENCH = REPO / "benchmarks" / "reward_pipeline"
 
 
 def load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script(BENCH / f"{name}.py", f"bench_{name}")
 
 
 @pytest.fixture(scope="module")
