@@ -7,9 +7,9 @@ KubeRay starts Ray in them, the driver runs `rljob run --cluster`, the operator 
 ControlService through its Service and writes the RLJob's status. The run must reach Succeeded with
 the last five steps' mean reward >= 0.8 (the `make run` bar), leave its checkpoint and metrics on the
 run volume, and `kubectl delete rlj` must leave nothing of it but the user's two claims. The same
-spec then runs with `rljob run` on this machine, for the cost of pods and networking per step. While it
-trains, a pod of another namespace calls its ControlService and WeightService without the job's token
-and is refused. A second, longer run loses a reward, a rollout and a trainer pod, the operator pod and
+spec then runs with `rljob run` on this machine, for the cost of pods and networking per step. A
+second, longer run is called by a pod of another namespace at its ControlService and WeightService
+without the job's token and refuses it; then it loses a reward, a rollout and a trainer pod, the operator pod and
 the driver pod, one at a time, and still trains every prompt once and scores every sample once. Two
 more runs put a judge that slows down for a stretch in front of an elastic reward pool and a fixed one:
 the elastic group grows with the backlog and shrinks after it, draining each replica before its pod goes.
@@ -25,7 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -110,11 +110,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         cluster.script("clean")
 
 
-def watch(
-    cluster: Cluster, started: float, on_first_step: Callable[[], None] = lambda: None
-) -> tuple[dict[str, Any], float | None]:
-    """Follow the RLJob's status until it ends, printing each change, calling `on_first_step` once the
-    first step is trained; returns the last status and the seconds from apply to its first train step."""
+def watch(cluster: Cluster, started: float) -> tuple[dict[str, Any], float | None]:
+    """Follow the RLJob's status until it ends, printing each change; returns the last status and the
+    seconds from apply to its first train step."""
     first_step: float | None = None
     seen: tuple[Any, ...] = ()
     status: dict[str, Any] = {}
@@ -125,7 +123,6 @@ def watch(
         now = time.monotonic() - started
         if first_step is None and status.get("step", 0) >= 1:
             first_step = now
-            on_first_step()
         shown = (status.get("phase"), status.get("step"), status.get("message"))
         if shown != seen:
             reward = (status.get("reward") or {}).get("mean")
@@ -140,19 +137,11 @@ def watch(
 def test_apply_trains_to_succeeded_and_delete_leaves_nothing(setup: Setup) -> None:
     cluster = setup.cluster
     job = cluster_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"])
-    intruder: dict[str, list[str]] = {}
-
-    def intrude_once() -> None:  # a pod of another namespace, without the token, while the job trains
-        intruder.update(intrude(cluster, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"], NS, JOB))
-
     started = time.monotonic()
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
-    status, first_step = watch(cluster, started, intrude_once)
+    status, first_step = watch(cluster, started)
     took = time.monotonic() - started
     assert status.get("phase") == "Succeeded", f"the run ended {status.get('phase')}:\n{diagnose(cluster, NS)}"
-    # The intruder reached both ports (the e2e node's bridge enforces no NetworkPolicy) and was refused
-    # by the token: no Stop, no weights; the run went on to Succeeded.
-    assert intruder == {"Stop": ["UNAUTHENTICATED"] * 2, "FetchWeights": ["UNAUTHENTICATED"] * 2}, intruder
     final_line = cluster.kubectl("get", "rlj", JOB, "-n", NS).stdout
 
     # the run's own record, on the run volume: 100 steps, learned, and its checkpoint
@@ -262,7 +251,8 @@ def _status(cluster: Cluster, name: str) -> dict[str, Any]:
     return dict((cluster.get("rlj", name, NS) or {}).get("status") or {})
 
 
-FAULT_JOB, FAULT_STEPS = "faults", 400
+# Long enough for the intruder and all five faults: steps go on while a pod is replaced (~20 s, 150 steps here).
+FAULT_JOB, FAULT_STEPS = "faults", 1500
 # One at a time, each a few steps after the one before has recovered (steps run ~0.2 s apart).
 FAULTS = ["reward", "rollout", "trainer", "operator", "driver"]
 SPACING = 10
@@ -277,6 +267,12 @@ def test_pods_that_die_come_back_and_nothing_is_lost(setup: Setup) -> None:
     job = fault_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"], FAULT_JOB, FAULT_STEPS)
     run = FaultRun(cluster, NS, FAULT_JOB)
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
+    wait_for("the first step", lambda: run.step() >= 1, timeout=TIMEOUT, every=0.5)
+    # A pod of another namespace, without the token, while the job trains: it reaches both ports (the e2e
+    # node's bridge enforces no NetworkPolicy) and is refused by the token; no Stop, no weights.
+    intruder = intrude(cluster, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"], NS, FAULT_JOB)
+    assert intruder == {"Stop": ["UNAUTHENTICATED"] * 2, "FetchWeights": ["UNAUTHENTICATED"] * 2}, intruder
+    assert run.status().get("phase") == "Running", "the intruder stopped the job or it ended before the intrusion"
     faults = []
     try:
         for target in FAULTS:
