@@ -342,3 +342,28 @@ def test_step_report_gives_the_slowest_group_latency_of_its_batch():
     assert slow_step.group_latency_max >= scorer.delay
     others = [r.group_latency_max for r in reports if r is not slow_step]
     assert others and all(0 < latency < scorer.delay for latency in others)
+
+
+@dataclass
+class DiesAfterCommit(FakeTrainer):
+    """Killed once its checkpoint is on disk, before its answer reaches the driver."""
+
+    committed: list[int] = field(default_factory=list)
+
+    async def save_checkpoint(self, step: int, version: int, controller_state: dict[str, Any]) -> str:
+        self.committed.append(step)
+        raise ConnectionError("the trainer actor died")
+
+
+def test_a_step_whose_checkpoint_is_written_has_its_line_even_if_the_trainer_dies_then():
+    # A resume starts after the checkpoint's step and keeps the lines up to it: a line written
+    # after the checkpoint would be lost for good when the trainer dies in between.
+    log, reports = Log(), list[StepReport]()
+    controller = make_controller(log, "sample", 1, steps=2, per_step=2, n=2)
+    controller.trainer = trainer = DiesAfterCommit(log)
+    controller.on_step = reports.append
+    with pytest.raises(ConnectionError):
+        asyncio.run(asyncio.wait_for(controller.run(), 30))
+    assert trainer.committed == [2]
+    assert [r.step for r in reports] == [1, 2]
+    assert reports[-1].checkpoint and reports[-1].checkpoint.endswith("step-000002")

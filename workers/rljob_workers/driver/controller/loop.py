@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -30,6 +31,7 @@ from rljob_workers.driver.controller.groups import Group, GroupTracker, Sample, 
 from rljob_workers.driver.controller.idle import BusyClock
 from rljob_workers.driver.controller.report import Counts, RunFailed, Scorer, StepReport, Trainer
 from rljob_workers.driver.controller.rollout_clients import ReplicaLost, RolloutClients
+from rljob_workers.trainer.checkpoint import step_dir
 from rljob_workers.trainer.grpo import group_advantages
 from rljob_workers.trainer.policy import TrainSample
 
@@ -117,8 +119,8 @@ class Controller:
             self._trained_groups += len(groups)
             self._in_training = 0
             self._changed.notify_all()
-        if self._checkpointed_now():
-            self.last_checkpoint = await self.trainer.save_checkpoint(self.step, self.version, self.state())
+        checkpoint_due = self._checkpointed_now()
+        written = str(step_dir(Path(self.config.checkpoint.dir), self.step)) if checkpoint_due else self.last_checkpoint
         rewards_t = torch.tensor(rewards) if rewards else torch.zeros(1)
         self.on_step(
             StepReport(
@@ -135,11 +137,14 @@ class Controller:
                 wait_seconds=started - waited,
                 elapsed_seconds=time.monotonic() - self._started,
                 counts=Counts(**vars(self.counts)),
-                checkpoint=self.last_checkpoint,
+                checkpoint=written,
                 group_latency_max=max((g.latency or 0.0 for g in groups), default=0.0),
                 sync_seconds=synced,
             )
         )
+        # The line before its checkpoint: a trainer dying in between leaves a line the resume cuts.
+        if checkpoint_due:
+            self.last_checkpoint = await self.trainer.save_checkpoint(self.step, self.version, self.state())
 
     async def _next_batch(self) -> list[Group]:
         """promptsPerStep complete groups, each within maxStaleness of the version to train."""
