@@ -8,6 +8,7 @@ import multiprocessing as mp
 import os
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import grpc
 import pytest
@@ -82,15 +83,17 @@ def test_broadcast_to_two_processes_then_reform_without_one():
                 process.kill()
 
 
-def _joins_then_dies(port: int, group_id: str, rank: int, world_size: int) -> None:
-    """A rollout replica killed just after joining: its process ends, and with it its connections."""
+def _joins_then_dies(port: int, group_id: str, rank: int, world_size: int, formed: Any) -> None:
+    """A rollout replica killed once the group is formed: its process ends, and with it its connections."""
     WeightGroup.create(group_id, "127.0.0.1", port, rank, world_size, "gloo", timeout=MEMBER_TIMEOUT)
+    formed.wait(timeout=30)
     os._exit(1)
 
 
-def _receives_or_fails(port: int, group_id: str, wire: list[bytes], results: mp.Queue) -> None:
+def _receives_or_fails(port: int, group_id: str, wire: list[bytes], results: mp.Queue, formed: Any) -> None:
     """A surviving replica: reports how its receive ended and when."""
     group = WeightGroup.create(group_id, "127.0.0.1", port, 1, 3, "gloo", timeout=MEMBER_TIMEOUT)
+    formed.wait(timeout=30)
     plans = [from_proto(pb.Bucket.FromString(b)) for b in wire]
     try:
         receive_broadcast(group, plans)
@@ -112,12 +115,14 @@ def test_a_member_lost_mid_broadcast_fails_the_publish_and_frees_the_others_at_o
     plan_source = WeightPublisher(256 * 1024)
     plan_source.publish(1, model.items())
     wire = [to_proto(p).SerializeToString() for p in plan_source.plan]
-    stays = ctx.Process(target=_receives_or_fails, args=(store.port, "g", wire, results))
-    dies = ctx.Process(target=_joins_then_dies, args=(store.port, "g", 2, 3))
+    formed = ctx.Barrier(3)  # no member dies before every member's side of the mesh is up
+    stays = ctx.Process(target=_receives_or_fails, args=(store.port, "g", wire, results, formed))
+    dies = ctx.Process(target=_joins_then_dies, args=(store.port, "g", 2, 3, formed))
     for process in (stays, dies):
         process.start()
     try:
         group = WeightGroup.create("g", "127.0.0.1", store.port, 0, 3, "gloo", timeout=MEMBER_TIMEOUT, store=store)
+        formed.wait(timeout=30)
         dies.join(timeout=30)
         publisher = WeightPublisher(256 * 1024)
         with pytest.raises(RuntimeError):
