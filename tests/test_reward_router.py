@@ -183,3 +183,37 @@ def test_router_drops_duplicate_answers_and_waits_for_a_replica() -> None:
         await router.close()
 
     run(go())
+
+
+def test_a_full_pool_wakes_one_waiter_per_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """200 samples on one replica that takes 4 at a time: each answer lets the next waiter in. Waking
+    every waiter on every answer (the old way) looked for a replica about 5,000 times, not ~400."""
+
+    async def go() -> None:
+        servers = await slow_replicas(1)
+        router = RewardRouter()
+        await router.add_replica("r0", f"127.0.0.1:{servers[0].port}", max_in_flight=4)
+        picks = 0
+        pick = router._pick
+
+        def counted() -> Any:
+            nonlocal picks
+            picks += 1
+            return pick()
+
+        monkeypatch.setattr(router, "_pick", counted)
+        finished: list[str] = []
+
+        async def one(sid: str) -> None:
+            score = await router.score(sample(sid, delay="0"))
+            assert score.score == 1.0 and not score.HasField("error"), score
+            finished.append(sid)
+
+        sids = [f"p/{i}" for i in range(200)]
+        tasks = [asyncio.create_task(one(sid)) for sid in sids]
+        await asyncio.gather(*tasks)
+        await router.close()
+        assert sorted(finished) == sorted(sids) and router.stats().waiting == 0
+        assert picks <= 3 * len(sids), f"{picks} looks for a replica for {len(sids)} samples"
+
+    run(go())

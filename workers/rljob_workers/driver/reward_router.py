@@ -17,6 +17,7 @@ returns the SampleScore, error or not, and raises only when no replica takes the
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import time
 from dataclasses import dataclass, field
@@ -129,6 +130,9 @@ class RewardRouter:
         self._replicas: dict[str, _Replica] = {}
         self._pending: set[str] = set()
         self._changed = asyncio.Event()
+        # Callers waiting for a slot on a full pool, in arrival order: a freed slot wakes one of them,
+        # not all (waking every waiter on every answer cost O(waiters) per sample).
+        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._closed = False
         self._waiting = 0
         self.requeued = 0
@@ -244,7 +248,7 @@ class RewardRouter:
                     replica.outstanding[sid] = entry
                     return replica, entry
                 if any(r.alive and not r.draining for r in self._replicas.values()):
-                    await changed.wait()  # replicas exist but are full: a slot frees when an answer comes
+                    await self._wait_for_slot()  # replicas exist but are full: a slot frees when an answer comes
                     continue
                 deadline = deadline or time.monotonic() + self.replica_timeout
                 remaining = deadline - time.monotonic()
@@ -255,6 +259,23 @@ class RewardRouter:
                 await self._wait_changed(changed, remaining)
         finally:
             self._waiting -= 1
+
+    async def _wait_for_slot(self) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._slot_waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._wake_one()  # woken, then cancelled before taking the slot: the next waiter takes it
+            raise
+
+    def _wake_one(self) -> None:
+        while self._slot_waiters:
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
 
     def _pick(self) -> _Replica | None:
         candidates = [r for r in self._replicas.values() if r.has_room]
@@ -277,7 +298,7 @@ class RewardRouter:
         finally:
             if replica.outstanding.get(sample.sample_id) is entry:  # the caller gave up (cancelled)
                 del replica.outstanding[sample.sample_id]
-                self._notify()
+                self._slot_freed()
             self.busy.end()
 
     async def _read(self, replica: _Replica) -> None:
@@ -300,7 +321,7 @@ class RewardRouter:
         replica.observe(seconds)
         self.service_seconds += seconds
         entry.future.set_result(score)
-        self._notify()
+        self._slot_freed()
 
     def _lose(self, replica: _Replica, reason: str) -> None:
         """Take a replica out and fail its outstanding samples over to their `score()` calls."""
@@ -319,8 +340,16 @@ class RewardRouter:
         self._notify()
 
     def _notify(self) -> None:
+        """The pool changed (a replica came, went or drains; the router closed): every waiter looks again."""
         self._changed.set()
         self._changed = asyncio.Event()
+        while self._slot_waiters:
+            self._wake_one()
+
+    def _slot_freed(self) -> None:
+        self._changed.set()  # remove_replica waits for its replica's last answers here
+        self._changed = asyncio.Event()
+        self._wake_one()
 
     @staticmethod
     async def _wait_changed(changed: asyncio.Event, timeout: float | None) -> None:
@@ -342,6 +371,7 @@ class RewardRouter:
     async def close(self) -> None:
         """Close every stream; samples still waiting raise RuntimeError."""
         self._closed = True
+        self._notify()  # waiters raise, even with no replica left to lose
         replicas = list(self._replicas.values())
         for replica in replicas:
             self._lose(replica, "router closed")
