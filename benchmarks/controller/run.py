@@ -1,0 +1,235 @@
+"""How many samples per second one controller moves: the ceiling of a job's data plane.
+
+A rollout replica whose engine does no work (each sample one token, at once) and a reward replica
+whose rule does none (a constant score) run in child processes; this process runs the driver's own
+Controller, RolloutClients and RewardRouter over real gRPC on loopback, with a trainer whose step
+returns at once and a weight sync that pulls a one-element model over the WeightService. The
+controller's process is pinned to one core and the replicas to the others where there are any.
+Reported: trained samples per second and the controller process's CPU per sample, against the
+target of 20,000 samples/s.
+
+    python benchmarks/controller/run.py [--steps 40] [--group-size 16] [--prompts-per-step 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from rljob_api import parse_rljob
+from rljob_api.workercfg import WorkerConfigs, derive_worker_configs
+from rljob_workers.common.grpc_server import start_server
+from rljob_workers.driver.controller.data import PromptSource
+from rljob_workers.driver.controller.loop import Controller
+from rljob_workers.driver.controller.rollout_clients import RolloutClients
+from rljob_workers.driver.reward_router import RewardRouter
+from rljob_workers.engines.base import FinishedSample, FinishReason, PromptInput, SamplingConfig, sample_slots
+from rljob_workers.trainer.policy import TrainSample
+from rljob_workers.weights.publisher import WeightPublisher, weight_service
+
+REPO = Path(__file__).resolve().parents[2]
+TARGET = 20_000  # samples/s one controller should move (issue 18)
+
+
+@dataclass(frozen=True)
+class Capacity:
+    samples: int
+    seconds: float
+    controller_cpu_seconds: float
+
+    @property
+    def per_second(self) -> float:
+        return self.samples / self.seconds
+
+    @property
+    def cpu_us_per_sample(self) -> float:
+        return 1e6 * self.controller_cpu_seconds / self.samples
+
+
+class NullEngine:
+    """An engine that does no work: every sample is one token, finished at once."""
+
+    name, model_path, eos_token_id, weights_device = "null", "null", 0, "cpu"
+
+    def __init__(self) -> None:
+        self.policy_version = 0
+
+    async def generate(self, prompts: Sequence[PromptInput], sampling: SamplingConfig) -> AsyncIterator[FinishedSample]:
+        for prompt, index in sample_slots(prompts):
+            yield FinishedSample(
+                prompt.prompt_id, index, prompt.token_ids, (1,), (-0.5,), self.policy_version, FinishReason.STOP, "1"
+            )
+
+    async def stage_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
+        self.policy_version = version  # one generate call at a time per prompt: every call is a safe point
+
+    def tokenize(self, text: str) -> list[int]:
+        return [1, 2, 3, 4]
+
+    async def close(self) -> None:
+        pass
+
+
+class NullTrainer:
+    """A trainer whose step returns at once; it publishes a one-element model for the rollout pool to pull."""
+
+    def __init__(self, clients: RolloutClients, timeout: float) -> None:
+        from rljob_workers.driver.controller.weight_sync import WeightSync
+
+        self.publisher = WeightPublisher(1 << 20)
+        self.weight_address = ""
+        self.sync = WeightSync(self, clients, "gloo", timeout)  # type: ignore[arg-type]
+
+    async def serve(self) -> Any:
+        server = await start_server([weight_service(self.publisher)], "127.0.0.1", 0)
+        self.weight_address = f"127.0.0.1:{server.port}"
+        return server
+
+    async def publish(self, version: int, broadcast: bool = False) -> None:
+        self.publisher.publish(version, [("w", torch.full((1,), float(version)))])
+
+    async def sync_weights(self, version: int) -> None:
+        await self.publish(version)
+        await asyncio.gather(*(self.sync.catch_up(r, version) for r in self.sync.rollout.live()))
+
+    async def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
+        return {"loss": 0.0}
+
+    async def save_checkpoint(self, step: int, version: int, controller_state: dict[str, Any]) -> str:
+        return f"step-{step:06d}"
+
+
+def job_configs(steps: int, group_size: int, prompts_per_step: int, max_staleness: int) -> WorkerConfigs:
+    doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
+    doc["spec"]["algorithm"].update(
+        groupSize=group_size, promptsPerStep=prompts_per_step, totalSteps=steps, maxStaleness=max_staleness
+    )
+    doc["spec"]["checkpoint"]["everySteps"] = steps
+    return derive_worker_configs(parse_rljob(doc))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _pin(pid: int, cores: set[int]) -> None:
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(pid, cores)
+
+
+def _own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _start_replicas(cores: set[int]) -> tuple[list[subprocess.Popen[str]], str, str]:
+    """The null rollout and reward replicas, each a child process on `cores`; their addresses."""
+    children, addresses = [], []
+    for role in ("rollout", "reward"):
+        port = _free_port()
+        command = [sys.executable, __file__, "--serve", role, str(port)]
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        _pin(child.pid, cores)
+        assert child.stdout is not None
+        if not child.stdout.readline():  # the "serving" line
+            raise RuntimeError(f"the null {role} replica exited before serving (exit code {child.wait()})")
+        children.append(child)
+        addresses.append(f"127.0.0.1:{port}")
+    return children, addresses[0], addresses[1]
+
+
+async def measure(
+    steps: int = 40, group_size: int = 16, prompts_per_step: int = 32, max_staleness: int = 1, warmup: int = 3
+) -> Capacity:
+    """Run the controller for `warmup + steps` steps; the figures are those of the last `steps`."""
+    all_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+    own = {min(all_cores)} if all_cores else set()
+    _pin(0, own)
+    children, rollout_address, reward_address = _start_replicas(all_cores - own or all_cores)
+    configs = job_configs(warmup + steps, group_size, prompts_per_step, max_staleness)
+    clients = RolloutClients(configs.rollout.max_concurrent_prompts)
+    router = RewardRouter(replica_timeout=configs.controller.reward_timeout_seconds)
+    trainer = NullTrainer(clients, timeout=30)
+    server = await trainer.serve()
+    marks: list[tuple[int, float, float]] = []
+    try:
+        clients.add("rollout-0", rollout_address)
+        await router.add_replica("reward-0", reward_address)
+        rows = [(f"{i}+{i}=", {"answer": str(2 * i)}) for i in range(4096)]
+        controller = Controller(
+            config=configs.controller,
+            prompts=PromptSource(rows, seed=0),
+            rollout=clients,
+            scorer=router,
+            trainer=trainer,
+            sync_weights=trainer.sync_weights,
+            on_step=lambda r: marks.append((r.counts.trained, time.monotonic(), _own_cpu_seconds())),
+        )
+        await trainer.publish(0)
+        await controller.run()
+    finally:
+        await router.close()
+        await clients.close()
+        await server.stop()
+        for child in children:
+            child.terminate()
+            child.wait()
+    (trained0, at0, cpu0), (trained1, at1, cpu1) = marks[warmup - 1], marks[-1]
+    return Capacity(samples=trained1 - trained0, seconds=at1 - at0, controller_cpu_seconds=cpu1 - cpu0)
+
+
+def serve(role: str, port: int) -> None:
+    """A child: the null rollout replica or the null reward replica on `port`."""
+    if role == "reward":
+        from rljob_workers.reward.server import serve_function
+
+        serve_function(lambda prompt, completion, **fields: 1.0, name="null", port=port, host="127.0.0.1")
+        return
+    from rljob_workers.rollout.server import serve_rollout
+
+    async def rollout() -> None:
+        config = job_configs(1, 2, 1, 0).rollout  # groupSize ≥ 2 is the spec's rule
+        running, _ = await serve_rollout(config, "127.0.0.1", port, engine=NullEngine())  # type: ignore[arg-type]
+        print(f"rollout 'null' serving on 127.0.0.1:{running.port}", flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(rollout())
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--group-size", type=int, default=16)
+    parser.add_argument("--prompts-per-step", type=int, default=32)
+    parser.add_argument("--max-staleness", type=int, default=1)
+    parser.add_argument("--serve", nargs=2, metavar=("ROLE", "PORT"), help=argparse.SUPPRESS)  # internal
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.serve[0], int(args.serve[1]))
+        return 0
+    result = asyncio.run(measure(args.steps, args.group_size, args.prompts_per_step, args.max_staleness))
+    print(
+        f"{result.samples} samples in {result.seconds:.2f} s: {result.per_second:,.0f} samples/s "
+        f"({result.per_second / TARGET:.2f} of the {TARGET:,} target); controller process "
+        f"{result.cpu_us_per_sample:.0f} µs CPU per sample ({os.cpu_count()} cores on this machine)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
