@@ -31,6 +31,14 @@ e2e_tool_binaries() {
     helm) echo "helm=helm.sh/helm/v3/cmd/helm" ;;
     kuberay) echo "kuberay-operator=github.com/ray-project/kuberay/ray-operator" ;;
     coredns) echo "coredns=rljob.e2e/tools/coredns" ;; # our main.go: CoreDNS with a few plugins
+    prometheus) echo "prometheus=github.com/prometheus/prometheus/cmd/prometheus" ;;
+  esac
+}
+
+# Go build tags, per tool: Prometheus keeps only the service discovery the e2e cluster uses.
+e2e_tool_tags() {
+  case "$1" in
+    prometheus) echo "remove_all_sd,enable_kubernetes_sd" ;;
   esac
 }
 
@@ -144,6 +152,13 @@ ldflags_for() { # tool dir
       ;;
     kuberay) f+=" -X main._commitId_=${commit:-${ver}}" ;;
     coredns) [[ -n "${commit}" ]] && f+=" -X github.com/coredns/coredns/coremain.GitCommit=${commit:0:9}" ;;
+    prometheus)
+      # module v0.316.0 is release 3.16.0
+      local release="${ver#v0.}" p=github.com/prometheus/common/version
+      release="${release:0:1}.$((10#${release:1:2})).${release#*.}"
+      f+=" -X ${p}.Version=${release} -X ${p}.Branch=HEAD"
+      [[ -n "${commit}" ]] && f+=" -X ${p}.Revision=${commit}"
+      ;;
   esac
   echo "${f}"
 }
@@ -189,7 +204,7 @@ build_all() {
       t0="$(e2e_now)"
       echo "-- ${name}: building ${pkg} (${mod}@${ver}) ..."
       flags="$(ldflags_for "${tool}" "${dir}")"
-      (cd "${dir}" && go build -mod=readonly -trimpath -ldflags "${flags}" -o "${out}.tmp" "${pkg}")
+      (cd "${dir}" && go build -mod=readonly -trimpath -tags "$(e2e_tool_tags "${tool}")" -ldflags "${flags}" -o "${out}.tmp" "${pkg}")
       mv "${out}.tmp" "${out}"
       built=$((built + 1))
       echo "-- ${name}: built in $(e2e_since "${t0}"): $(version_of "${out}")"

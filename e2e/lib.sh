@@ -10,7 +10,7 @@ E2E_CACHE="${RLJOB_E2E_CACHE:-${HOME}/.cache/rljob/e2e}"
 : "${KUBERNETES_VERSION:?}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}" "${HELM_VERSION:?}" "${KUBERAY_VERSION:?}" "${COREDNS_VERSION:?}"
 
 # Tools we build: name, Go module, pinned version. Binaries come from e2e/tools/<name>/go.mod.
-E2E_TOOLS=(etcd kube kwok helm kuberay coredns)
+E2E_TOOLS=(etcd kube kwok helm kuberay coredns prometheus)
 e2e_tool_module() {
   case "$1" in
     etcd) echo "go.etcd.io/etcd/server/v3 ${ETCD_VERSION}" ;;
@@ -19,6 +19,7 @@ e2e_tool_module() {
     helm) echo "helm.sh/helm/v3 ${HELM_VERSION}" ;;
     kuberay) echo "github.com/ray-project/kuberay/ray-operator ${KUBERAY_VERSION}" ;;
     coredns) echo "github.com/coredns/coredns ${COREDNS_VERSION}" ;;
+    prometheus) echo "github.com/prometheus/prometheus ${PROMETHEUS_VERSION}" ;;
     *) return 1 ;;
   esac
 }

@@ -43,6 +43,7 @@ from e2e_elastic import (
     write_judged_data,
 )
 from e2e_faults import Fault, FaultRun, fault_job, fault_table
+from e2e_prometheus import Prometheus, Window, empty_panels, scrape_configs, service_monitors
 from e2e_real import (
     cluster_job,
     diagnose,
@@ -80,6 +81,11 @@ class Setup:
         self.cluster, self.root, self.images = cluster, root, images
         self.assets, self.runs = root / "assets", root / "runs"
         self.times: dict[str, float] = {}
+        self.prometheus: Prometheus | None = None
+        self.windows: list[Window] = []  # each RLJob run, for the dashboard test
+
+    def ran(self, name: str, start: float) -> None:
+        self.windows.append(Window(NS, name, start, time.time()))
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +104,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         for doc in worker_env_policy(images["RLJOB_E2E_WORKER_ENV"], images["RLJOB_E2E_WORKER_TEST_IMAGE"]):
             cluster.apply(doc)
         s.times["helm install (operator Ready)"] = install_operator(cluster, images["RLJOB_E2E_OPERATOR_IMAGE"])
+        monitors = service_monitors(cluster, "rljob-system")
+        jobs = scrape_configs(monitors, cluster.env["KUBECONFIG"])
+        s.prometheus = Prometheus(Path(cluster.env["RLJOB_E2E_BIN"]) / "prometheus", root / "prometheus", jobs)
         make_assets(s.assets)
         make_runs_folder(s.runs)
         cluster.kubectl("create", "namespace", NS)
@@ -107,6 +116,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         s.times["set-up total"] = time.monotonic() - t0
         yield s
     finally:
+        if s.prometheus is not None:
+            s.prometheus.stop()
         cluster.script("clean")
 
 
@@ -137,10 +148,11 @@ def watch(cluster: Cluster, started: float) -> tuple[dict[str, Any], float | Non
 def test_apply_trains_to_succeeded_and_delete_leaves_nothing(setup: Setup) -> None:
     cluster = setup.cluster
     job = cluster_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"])
-    started = time.monotonic()
+    started, applied = time.monotonic(), time.time()
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
     status, first_step = watch(cluster, started)
     took = time.monotonic() - started
+    setup.ran(JOB, applied)
     assert status.get("phase") == "Succeeded", f"the run ended {status.get('phase')}:\n{diagnose(cluster, NS)}"
     final_line = cluster.kubectl("get", "rlj", JOB, "-n", NS).stdout
 
@@ -207,9 +219,9 @@ def test_reward_pool_grows_and_shrinks_with_its_backlog(setup: Setup) -> None:
     samples; once the judge is fast again a replica is drained and its pod goes while the run trains on.
     The same job with a fixed pool at the maximum beside it: reward pod-seconds and time, both ledgers clean."""
     write_judged_data(setup.assets, ELASTIC_STEPS, SLOW)
-    runs, watches, logs = {}, {}, {}
+    runs, watches, logs, scaled = {}, {}, {}, {}
     for name, replicas in POOLS.items():
-        runs[name], watches[name], logs[name] = _judged_run(setup, name, replicas)
+        runs[name], watches[name], logs[name], scaled[name] = _judged_run(setup, name, replicas)
         print(f"\n{name} reward pool {replicas}:\n  " + "\n  ".join(watches[name].changes()), flush=True)
     elastic, fixed = runs["elastic"], runs["fixed"]
     print("\n" + elastic_table(elastic, fixed))
@@ -221,13 +233,19 @@ def test_reward_pool_grows_and_shrinks_with_its_backlog(setup: Setup) -> None:
     assert all(grown.gone_before_step(pod, ELASTIC_STEPS) for pod in drained), (drained, grown.changes())
     assert sum(1 for n in elastic.scored.values() if n > 0) >= 2, elastic.scored  # the added replicas scored
     assert elastic.pod_seconds < fixed.pod_seconds, (elastic, fixed)
+    # `kubectl describe rlj` told each scale: up with the backlog, down after it; the fixed pool never scaled
+    assert any(now > was for was, now in scaled["elastic"]) and any(now < was for was, now in scaled["elastic"])
+    assert not scaled["fixed"], scaled["fixed"]
 
 
-def _judged_run(setup: Setup, name: str, replicas: tuple[int, int]) -> tuple[PoolRun, PoolWatch, str]:
-    """Apply the judged job, watch its reward pods until it ends, check its ledger, delete it."""
+def _judged_run(
+    setup: Setup, name: str, replicas: tuple[int, int]
+) -> tuple[PoolRun, PoolWatch, str, list[tuple[int, int]]]:
+    """Apply the judged job, watch its reward pods until it ends, check its ledger, delete it. Also returns
+    the reward scalings (from, to) `kubectl describe rlj` shows."""
     cluster = setup.cluster
     job = judged_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"], name, ELASTIC_STEPS, replicas)
-    started = time.monotonic()
+    started, applied = time.monotonic(), time.time()
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
     watch_ = PoolWatch(cluster, NS, name).start()
     try:
@@ -237,14 +255,18 @@ def _judged_run(setup: Setup, name: str, replicas: tuple[int, int]) -> tuple[Poo
     finally:
         watch_.stop()
     wall = time.monotonic() - started
+    setup.ran(name, applied)
     assert status["phase"] == "Succeeded", diagnose(cluster, NS)
     driver_log = cluster.kubectl("logs", "-n", NS, f"job/{name}-driver").stdout
     books = read_ledger(setup.runs / name / "metrics.jsonl", ELASTIC_STEPS, job["spec"]["algorithm"]["promptsPerStep"])
     assert books.clean, (name, books.prompts_lost, books.trained_twice, books.scored_twice)
     per_step, _ = seconds_per_step(setup.runs / name / "metrics.jsonl")
+    described = cluster.kubectl("describe", "rlj", name, "-n", NS).stdout
+    scaled = [(int(a), int(b)) for a, b in re.findall(r"RewardScaled\s.*reward replicas (\d+) -> (\d+)", described)]
     cluster.kubectl("delete", "rlj", name, "-n", NS, "--wait=true", "--timeout=120s")
     wait_gone(cluster, NS, f"rljob.io/job={name}", "pods")
-    return PoolRun(name, watch_.pod_seconds(), per_step, wall, scored_by_replica(driver_log)), watch_, driver_log
+    run = PoolRun(name, watch_.pod_seconds(), per_step, wall, scored_by_replica(driver_log))
+    return run, watch_, driver_log, scaled
 
 
 def _status(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -266,6 +288,7 @@ def test_pods_that_die_come_back_and_nothing_is_lost(setup: Setup) -> None:
     cluster = setup.cluster
     job = fault_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"], FAULT_JOB, FAULT_STEPS)
     run = FaultRun(cluster, NS, FAULT_JOB)
+    applied = time.time()
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
     wait_for("the first step", lambda: run.step() >= 1, timeout=TIMEOUT, every=0.5)
     # A pod of another namespace, without the token, while the job trains: it reaches both ports (the e2e
@@ -285,6 +308,7 @@ def test_pods_that_die_come_back_and_nothing_is_lost(setup: Setup) -> None:
         status = wait_for("the run to end", lambda: _ended(run.status()), timeout=TIMEOUT)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{diagnose(cluster, NS)}") from None
+    setup.ran(FAULT_JOB, applied)
     assert status["phase"] == "Succeeded", diagnose(cluster, NS)
     output = setup.runs / FAULT_JOB
     books = read_ledger(output / "metrics.jsonl", FAULT_STEPS, job["spec"]["algorithm"]["promptsPerStep"])
@@ -334,3 +358,20 @@ def _generations(cluster: Cluster) -> dict[str, Any]:
 
 def _ended(status: dict[str, Any]) -> dict[str, Any] | None:
     return status if status.get("phase") in ("Succeeded", "Failed") else None
+
+
+def test_every_dashboard_panel_shows_each_run(setup: Setup) -> None:
+    """Prometheus scraped the operator and each driver as the chart's ServiceMonitors say; with the
+    dashboard's variables set to each RLJob that ran above, every panel's query returns data."""
+    prometheus = setup.prometheus
+    assert prometheus is not None
+    if not setup.windows:
+        pytest.skip("no RLJob ran to its end above, so there is nothing for the dashboard to show")
+    targets = prometheus.targets()
+    lines = [f"  {t['labels'].get('job')} {t['scrapeUrl']} {t['health']} {t.get('lastError') or ''}" for t in targets]
+    print("\nPrometheus targets:\n" + "\n".join(lines))
+    assert any(t["labels"].get("namespace") == "rljob-system" and t["health"] == "up" for t in targets), targets
+    empty = {w.rljob: empty_panels(prometheus, w) for w in setup.windows}
+    for w in setup.windows:
+        print(f"{w.rljob}: {w.end - w.start:.0f}s, empty panels: {len(empty[w.rljob])}")
+    assert not any(empty.values()), json.dumps(empty, indent=1)
