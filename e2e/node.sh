@@ -261,6 +261,25 @@ start_node_agents() { # the API forwarder, CoreDNS, the kubelet, kube-proxy
   launch kube-proxy --config="${NODE_DIR}/kube-proxy.yaml" --v=1
 }
 
+# A node killed without its stop (the machine's processes killed, a test run cut off) leaves
+# its bridge behind, which would bar every later node. If none of the owner's processes runs,
+# stop that node from its own state folder (or, if the folder is gone, remove its network).
+take_over_stale_bridge() {
+  local owner c
+  owner="$(bridge_owner)"
+  for c in "${NODE_COMPONENTS[@]}"; do
+    if (STATE="${owner}" PIDS="${owner}/pids" && pid_of "${c}" >/dev/null); then
+      die "another real node runs on this machine (bridge ${BRIDGE}, state '${owner}', its ${c} runs); stop it first"
+    fi
+  done
+  log "node: bridge ${BRIDGE} of '${owner}' is stale (none of its processes runs): stopping that node first"
+  if [[ -d "${owner}/node" ]]; then
+    RLJOB_E2E_STATE="${owner}" bash "${BASH_SOURCE[0]}" stop || log "node: stopping '${owner}' failed; removing its network"
+  fi
+  (STATE="${owner}" && teardown_network)
+  if ip link show "${BRIDGE}" >/dev/null 2>&1; then die "bridge ${BRIDGE} of '${owner}' could not be removed"; fi
+}
+
 cmd_start() {
   local gaps t0 c
   gaps="$(missing)"
@@ -268,7 +287,7 @@ cmd_start() {
   load_ports
   kc get --raw /readyz >/dev/null 2>&1 || die "the cluster of ${STATE} is not ready: run e2e/cluster.sh start"
   if ip link show "${BRIDGE}" >/dev/null 2>&1 && [[ "$(bridge_owner)" != "${STATE}" ]]; then
-    die "another real node runs on this machine (bridge ${BRIDGE}, state '$(bridge_owner)'); stop it first"
+    take_over_stale_bridge
   fi
   for c in "${NODE_COMPONENTS[@]}"; do
     if pid_of "${c}" >/dev/null; then die "${c} already runs from ${STATE}: run e2e/node.sh stop first"; fi

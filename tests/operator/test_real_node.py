@@ -163,3 +163,27 @@ def test_deleting_pods_leaves_nothing_behind(cluster: Cluster, request: pytest.F
     while (left := host_leftovers(cluster)) and time.monotonic() < deadline:
         time.sleep(1)
     assert not left, f"left on the host after the pods were deleted: {left}"
+
+
+NODE_PROCESSES = ("kube-proxy", "kubelet", "containerd", "coredns", "api-forward")
+
+
+def test_a_node_killed_without_its_stop_does_not_bar_the_next(
+    cluster: Cluster, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A run cut off (its processes killed, no stop) leaves its bridge; the next node takes it over.
+
+    The dead node is this module's own, killed with SIGKILL, its bridge relabelled as owned by a
+    state folder that no longer exists, as after a CI run on this machine was killed.
+    """
+    for name in NODE_PROCESSES:
+        pid = int((cluster.state / "pids" / f"{name}.pid").read_text())
+        subprocess.run(["kill", "-KILL", "--", f"-{pid}"], check=False)
+    vanished = tmp_path / "vanished-state"
+    subprocess.run(["ip", "link", "set", BRIDGE, "alias", str(vanished)], check=True)
+    ready = cluster.start_node()
+    print(f"node Ready again after {ready:.1f}s, over a dead node's bridge")
+    alias = subprocess.run(["ip", "-o", "link", "show", BRIDGE], capture_output=True, text=True).stdout
+    assert f"alias {cluster.state.resolve()}" in alias, f"the new node owns the bridge: {alias}"
+    with fresh_namespace(cluster, request.node.name, "node") as ns:
+        run_pod(cluster, ns, pod("after", "echo ok"), "Succeeded")
