@@ -86,6 +86,41 @@ def test_targets_are_reported_met_or_missed(bench: ModuleType) -> None:
     assert "[met] elastic: 75% fewer replica-seconds than the fixed pool (≥ 30%)" in checks
 
 
+def test_staleness_sweep_runs_the_async_configurations_at_each_value(arithmetic: ModuleType) -> None:
+    names = arithmetic.sweep(["sync", "async", "async-elastic"], [2, 4, 6])
+    assert names == ["sync", "async", "async@4", "async@6", "async-elastic", "async-elastic@4", "async-elastic@6"]
+    six = arithmetic.config_named("async-elastic@6")
+    assert (six.max_staleness, six.elastic, six.dispatch) == (6, True, "sample")
+    assert six.label.endswith("maxStaleness 6")
+    for bad in ("sync@3", "async@x", "nosuch"):
+        with pytest.raises(ValueError, match="async"):
+            arithmetic.config_named(bad)
+
+
+def test_sweep_table_pairs_each_staleness_and_holds_six_to_095(bench: ModuleType, arithmetic: ModuleType) -> None:
+    def run(name: str, busy: float, replicas: int) -> object:
+        return bench.measure(arithmetic.config_named(name), probe_with(bench, busy, replicas=replicas), [], warmup=1)
+
+    # trainer busy 0.92 of each 1 s step: the limit (the train stage) is 0.92 of the wall step
+    results = [run("async", 0.6, 4), run("async@6", 0.92, 4), run("async-elastic@6", 0.92, 2)]
+    args = bench.main.__globals__["argparse"].Namespace(replicas=4, in_flight=2)
+    text, derived = bench.table(results, args)
+    assert "async-elastic@6 vs async@6: 50% fewer replica-seconds" in text
+    assert "  2: 1.000 s/step, idle 40.0%" in text and "  6: 1.000 s/step, idle 8.0%, 0.92 of the limit" in text
+    checks = "\n".join(bench.targets(results, derived))
+    assert "[MISSED] async@6: 0.92 of the limit (≥ 0.95)" in checks
+    assert "[MISSED] async-elastic@6: 0.92 of the limit (≥ 0.95)" in checks
+    assert "[MISSED] async: 0.60 of the limit (≥ 0.9)" in checks
+    assert "[met] elastic@6: 50% fewer replica-seconds than the fixed pool (≥ 30%)" in checks
+
+
+def test_a_bad_staleness_is_named(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, said in ((["--staleness", "2,x"], "--staleness: '2,x'"), (["--configs", "sync@2"], "sync@2")):
+        with pytest.raises(SystemExit):
+            bench.main(argv)
+        assert said in capsys.readouterr().err
+
+
 def test_judge_latency_is_fixed_per_sample_and_slows_for_the_stretch(monkeypatch: pytest.MonkeyPatch) -> None:
     judge = load("pipeline_judge")
     monkeypatch.setenv("RLJOB_BENCH_LATENCY", "0.010,0.400")
@@ -99,21 +134,32 @@ def test_judge_latency_is_fixed_per_sample_and_slows_for_the_stretch(monkeypatch
 
 
 @pytest.mark.ray
-def test_short_run_of_sync_and_elastic(bench: ModuleType, tmp_path: Path) -> None:
+def test_short_run_of_sync_and_elastic_at_staleness_3(bench: ModuleType, tmp_path: Path) -> None:
     char_llama(tmp_path / "model", eos_bias=3.0)
     write_jsonl(tmp_path / "train.jsonl", make_problems(64, seed=1))
     out = tmp_path / "result.json"
-    argv = ["--configs", "sync,async-elastic", "--steps", "4", "--warmup", "1", "--prompts-per-step", "4"]
+    argv = [
+        "--configs",
+        "sync,async-elastic",
+        "--staleness",
+        "3",
+        "--steps",
+        "4",
+        "--warmup",
+        "1",
+        "--prompts-per-step",
+        "4",
+    ]
     argv += ["--group-size", "4", "--replicas", "2", "--in-flight", "4", "--latency-ms", "5", "50"]
     argv += ["--micro-batch", "16"]
     argv += ["--model", str(tmp_path / "model"), "--data", str(tmp_path / "train.jsonl"), "--json", str(out)]
     assert bench.main(argv) == 0
     result = json.loads(out.read_text())
     by_config = {r["config"]: r for r in result["results"]}
-    assert set(by_config) == {"sync", "async-elastic"}
+    assert set(by_config) == {"sync", "async-elastic@3"}  # a point of a staleness sweep, in its own process
     for r in by_config.values():
         assert r["steps"] == 3 and r["wall_per_step"] > 0 and r["reward_work_per_step"] > 0
         assert 0 <= r["trainer_idle"] < 1
     # Sync trains on policy: every step waits for generation and reward, so the trainer idles.
     assert by_config["sync"]["trainer_idle"] > 0.2
-    assert 1 <= by_config["async-elastic"]["max_replicas"] <= 2
+    assert 1 <= by_config["async-elastic@3"]["max_replicas"] <= 2

@@ -23,6 +23,10 @@ summed service time of the scored samples, capacity the pool's slots at its full
 
     python benchmarks/reward_pipeline/run.py [--steps 40] [--warmup 5] [--configs sync,async]
                                              [--replicas 4] [--in-flight 16] [--json out.json]
+                                             [--staleness 2,4,6]
+
+--staleness runs async and async-elastic at each maxStaleness given (`async@6` names one); the
+latency bound, not the stages, sets the pace at a small maxStaleness.
 """
 
 from __future__ import annotations
@@ -57,7 +61,18 @@ from rljob_workers.driver.local_run import LocalRun  # noqa: E402
 from rljob_workers.driver.setup import prepare  # noqa: E402
 
 sys.path.insert(0, str(HERE))  # the benchmark's own modules, also when loaded by file path
-from pipeline_measure import CONFIGS, Config, Measured, Snapshot, measure, table, targets  # noqa: E402
+from pipeline_measure import (  # noqa: E402
+    CONFIGS,
+    SWEPT,
+    Config,
+    Measured,
+    Snapshot,
+    config_named,
+    measure,
+    sweep,
+    table,
+    targets,
+)
 
 MODEL = REPO / ".cache" / "models" / "tiny-arith"
 DATA = REPO / ".cache" / "data" / "arithmetic-train.jsonl"
@@ -106,7 +121,7 @@ class Probe:
 
 def job_doc(config: Config, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
-    doc["metadata"]["name"] = f"bench-{config.name}"
+    doc["metadata"]["name"] = f"bench-{config.name.replace('@', '-s')}"  # async@6: bench-async-s6
     spec = doc["spec"]
     spec["model"]["path"] = str(args.model)
     spec["data"]["path"] = str(args.data)
@@ -189,6 +204,11 @@ def ensure_assets(model: Path, data: Path) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, from: " + ", ".join(CONFIGS))
+    parser.add_argument(
+        "--staleness",
+        default="2",
+        help=f"comma-separated maxStaleness values: {' and '.join(SWEPT)} run at each (a sweep: 2,4,6)",
+    )
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the measurement")
     parser.add_argument("--prompts-per-step", type=int, default=16)
@@ -220,10 +240,18 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    names = [n.strip() for n in args.configs.split(",") if n.strip()]
-    unknown = [n for n in names if n not in CONFIGS]
-    if unknown:
-        parser.error(f"--configs: unknown {unknown}; choose from {list(CONFIGS)}")
+    try:
+        staleness = [int(v) for v in args.staleness.split(",") if v.strip()]
+    except ValueError:
+        parser.error(f"--staleness: {args.staleness!r} is not a comma-separated list of integers")
+    if not staleness or min(staleness) < 0:
+        parser.error(f"--staleness: {args.staleness!r}: give one or more values ≥ 0")
+    names = sweep([n.strip() for n in args.configs.split(",") if n.strip()], staleness)
+    for name in names:
+        try:
+            config_named(name)
+        except ValueError as exc:
+            parser.error(f"--configs: {exc}")
     if not 1 <= args.warmup < args.steps:
         parser.error("--warmup must be at least 1 and less than --steps")
     logging.basicConfig(level=logging.WARNING)
@@ -242,9 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.one is not None:
         [name] = names
         with tempfile.TemporaryDirectory(prefix=f"rljob-reward-bench-{name}-") as tmp:
-            args.one.write_text(json.dumps(asdict(run_config(CONFIGS[name], args, Path(tmp)))))
+            args.one.write_text(json.dumps(asdict(run_config(config_named(name), args, Path(tmp)))))
         return 0
-    results = run_all(names, _without(list(sys.argv[1:] if argv is None else argv), "--configs", "--json"))
+    given = list(sys.argv[1:] if argv is None else argv)
+    results = run_all(names, _without(given, "--configs", "--json", "--staleness"))
     text, derived = table(results, args)
     print()
     print(text)
