@@ -67,7 +67,7 @@ class FakeRollout:
 
     async def generate(
         self, replica: FakeReplica, request: rollout_pb.GenerateRequest
-    ) -> AsyncIterator[rollout_pb.GenerateResponse]:
+    ) -> AsyncIterator[sample_pb2.Completion]:
         prompt, version = request.prompts[0], self.version[0]  # a request is generated under one version
         self.started += 1
         delay = 0.002 * (self.started % 3 + 1)  # groups finish at different times
@@ -76,17 +76,15 @@ class FakeRollout:
             sample_id = f"{prompt.prompt_id}/{index}"
             # A stale group is generated again under the same ids: log each generation apart.
             self.log.generated[f"{sample_id}@v{version}"] = self.log.tick()
-            yield rollout_pb.GenerateResponse(
-                completion=sample_pb2.Completion(
-                    sample_id=sample_id,
-                    prompt_id=prompt.prompt_id,
-                    index=index,
-                    prompt_token_ids=[1, 2],
-                    token_ids=[3, index % 5 + 4],
-                    logprobs=[-0.5, -0.7],
-                    policy_version=version,
-                    text=str(index),
-                )
+            yield sample_pb2.Completion(
+                sample_id=sample_id,
+                prompt_id=prompt.prompt_id,
+                index=index,
+                prompt_token_ids=[1, 2],
+                token_ids=[3, index % 5 + 4],
+                logprobs=[-0.5, -0.7],
+                policy_version=version,
+                text=str(index),
             )
 
 

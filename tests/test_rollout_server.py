@@ -15,7 +15,9 @@ from rljob.v1 import rollout_service_pb2 as pb
 from rljob.v1 import rollout_service_pb2_grpc as pb_grpc
 from rljob.v1 import sample_pb2
 from rljob_workers.common.grpc_server import channel, start_server
-from rljob_workers.rollout.server import SERVICE_NAME, serve_rollout
+from rljob_workers.engines.base import FinishedSample, FinishReason
+from rljob_workers.rollout import server as rollout_server
+from rljob_workers.rollout.server import SERVICE_NAME, responses, serve_rollout, to_completion
 from rljob_workers.weights import WeightGroup, WeightPublisher, host_store, to_proto, weight_service
 
 from tiny_models import EOS, char_llama
@@ -33,7 +35,7 @@ def _request(*prompts: pb.PromptRequest, max_new_tokens: int = 6) -> pb.Generate
 
 
 def test_server_streams_completions_and_reports_info(model_dir: Path) -> None:
-    async def body() -> tuple[list[sample_pb2.Completion], pb.GetRolloutInfoResponse]:
+    async def body() -> tuple[list[pb.GenerateResponse], pb.GetRolloutInfoResponse]:
         server, servicer = await serve_rollout(rollout_config(model_dir))
         try:
             async with channel(f"127.0.0.1:{server.port}") as ch:
@@ -42,14 +44,17 @@ def test_server_streams_completions_and_reports_info(model_dir: Path) -> None:
                     pb.PromptRequest(prompt_id="ids", token_ids=[5, 6, 7], n=2),
                     pb.PromptRequest(prompt_id="text", text="12+3=", n=1, first_index=2),
                 )
-                completions = [r.completion async for r in stub.Generate(request)]
+                messages = [r async for r in stub.Generate(request)]
                 info = await stub.GetRolloutInfo(pb.GetRolloutInfoRequest())
-            return completions, info
+            return messages, info
         finally:
             await server.stop(None)
             await servicer.close()
 
-    completions, info = run(body())
+    messages, info = run(body())
+    # The hf engine runs the three samples as one batch: they finish together and share a message.
+    assert len(messages) == 1 and not messages[0].HasField("completion")
+    completions = list(messages[0].completions)
     assert sorted(c.sample_id for c in completions) == ["ids/0", "ids/1", "text/2"]
     text_prompt = next(c for c in completions if c.prompt_id == "text").prompt_token_ids
     assert len(text_prompt) == 5
@@ -108,7 +113,7 @@ def test_drain_refuses_new_work_and_waits_for_in_flight(model_dir: Path) -> None
                     await _drain_stream(stub.Generate(request))
                 assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
                 engine.release.set()
-                assert len(await in_flight) == 3  # nothing lost
+                assert sum(len(m.completions) for m in await in_flight) == 3  # nothing lost
                 assert (await drain).in_flight == 0
                 assert (await stub.GetRolloutInfo(pb.GetRolloutInfoRequest())).draining
         finally:
@@ -117,6 +122,20 @@ def test_drain_refuses_new_work_and_waits_for_in_flight(model_dir: Path) -> None
             await servicer.close()
 
     run(body())
+
+
+def test_samples_that_finished_together_share_messages_under_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    samples = [
+        FinishedSample("p", i, (1, 2), (3,) * 40, (-0.5,) * 40, 0, FinishReason.LENGTH, "x" * 40) for i in range(10)
+    ]
+    one = max(to_completion(s).ByteSize() for s in samples)
+    assert [len(m.completions) for m in responses(samples)] == [10]
+    monkeypatch.setattr(rollout_server, "MESSAGE_BUDGET_BYTES", 3 * one)
+    messages = list(responses(samples))
+    assert [len(m.completions) for m in messages] == [3, 3, 3, 1]
+    assert [c.sample_id for m in messages for c in m.completions] == [s.sample_id for s in samples]
+    monkeypatch.setattr(rollout_server, "MESSAGE_BUDGET_BYTES", one // 2)  # one sample over the budget still goes
+    assert [len(m.completions) for m in responses(samples)] == [1] * 10
 
 
 async def _drain_stream(call: Any) -> list[pb.GenerateResponse]:
@@ -135,7 +154,7 @@ def test_update_weights_by_pull_then_serves_the_new_version(model_dir: Path) -> 
                 pull = pb.PullSource(address=f"127.0.0.1:{weights.port}")
                 reply = await stub.UpdateWeights(pb.UpdateWeightsRequest(version=3, pull=pull))
                 request = _request(pb.PromptRequest(prompt_id="p", token_ids=[5, 6], n=2))
-                completions = [r.completion async for r in stub.Generate(request)]
+                completions = [c async for r in stub.Generate(request) for c in r.completions]
             return reply, completions
         finally:
             await server.stop(None)

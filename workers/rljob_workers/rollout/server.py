@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import NoReturn
 
 import grpc
@@ -16,6 +16,7 @@ from rljob.v1 import rollout_service_pb2 as pb
 from rljob.v1 import rollout_service_pb2_grpc as pb_grpc
 from rljob.v1 import sample_pb2
 from rljob_api.workercfg import RolloutWorkerConfig
+from rljob_workers.common.batching import ready_batches
 from rljob_workers.common.grpc_server import RunningServer, Service, start_server
 from rljob_workers.engines import make_engine
 from rljob_workers.engines.base import Engine, FinishedSample, FinishReason, PromptInput, SamplingConfig
@@ -25,6 +26,9 @@ from rljob_workers.weights.receiver import pull_weights, receive_broadcast
 
 log = logging.getLogger(__name__)
 
+# Completions that finished together share a message up to this size (far under the 64 MiB limit:
+# a group of long completions with their log-probs must not outgrow it).
+MESSAGE_BUDGET_BYTES = 4 * 1024 * 1024
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RolloutService"].full_name
 _FINISH = {
     FinishReason.STOP: sample_pb2.FINISH_REASON_STOP,
@@ -91,6 +95,22 @@ def to_completion(sample: FinishedSample) -> sample_pb2.Completion:
     )
 
 
+def responses(batch: list[FinishedSample]) -> Iterator[pb.GenerateResponse]:
+    """The samples that finished together, in as few messages as MESSAGE_BUDGET_BYTES allows."""
+    completions: list[sample_pb2.Completion] = []
+    size = 0
+    for sample in batch:
+        completion = to_completion(sample)
+        grows = completion.ByteSize()
+        if completions and size + grows > MESSAGE_BUDGET_BYTES:
+            yield pb.GenerateResponse(completions=completions)
+            completions, size = [], 0
+        completions.append(completion)
+        size += grows
+    if completions:
+        yield pb.GenerateResponse(completions=completions)
+
+
 class RolloutServicer(pb_grpc.RolloutServiceServicer):
     """One rollout replica's RolloutService. `on_drain` runs when Drain starts (marks health NOT_SERVING)."""
 
@@ -121,10 +141,11 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         wanted = sum(p.n for p in prompts)
         self._start_call(wanted)
         try:
-            async for sample in self.engine.generate(prompts, sampling):
-                wanted -= 1
-                self.in_flight -= 1
-                yield pb.GenerateResponse(completion=to_completion(sample))
+            async for batch in ready_batches(self.engine.generate(prompts, sampling)):
+                wanted -= len(batch)
+                self.in_flight -= len(batch)
+                for response in responses(batch):
+                    yield response
         except ValueError as error:  # the engine cannot serve these parameters
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except Exception as error:  # engine failure (out of memory, dead worker): the caller retries elsewhere

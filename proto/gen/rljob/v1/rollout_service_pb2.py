@@ -25,45 +25,45 @@ _sym_db = _symbol_database.Default()
 from rljob.v1 import sample_pb2 as rljob_dot_v1_dot_sample__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erljob/v1/rollout_service.proto\x12\x08rljob.v1\x1a\x15rljob/v1/sample.proto\"c\n\rPromptRequest\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\t\n\x01n\x18\x04 \x01(\x05\x12\x13\n\x0b\x66irst_index\x18\x05 \x01(\x05\"g\n\x0fGenerateRequest\x12(\n\x07prompts\x18\x01 \x03(\x0b\x32\x17.rljob.v1.PromptRequest\x12*\n\x08sampling\x18\x02 \x01(\x0b\x32\x18.rljob.v1.SamplingParams\"<\n\x10GenerateResponse\x12(\n\ncompletion\x18\x01 \x01(\x0b\x32\x14.rljob.v1.Completion\"\xbc\x01\n\x16JoinWeightGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x16\n\x0emaster_address\x18\x02 \x01(\t\x12\x13\n\x0bmaster_port\x18\x03 \x01(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12(\n\x07\x62\x61\x63kend\x18\x06 \x01(\x0e\x32\x17.rljob.v1.WeightBackend\x12\x17\n\x0ftimeout_seconds\x18\x07 \x01(\x01\"+\n\x17JoinWeightGroupResponse\x12\x10\n\x08group_id\x18\x01 \x01(\t\"W\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\r\n\x05numel\x18\x05 \x01(\x03\"M\n\x06\x42ucket\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05numel\x18\x02 \x01(\x03\x12%\n\x07tensors\x18\x03 \x03(\x0b\x32\x14.rljob.v1.TensorMeta\"F\n\x0f\x42roadcastSource\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12!\n\x07\x62uckets\x18\x02 \x03(\x0b\x32\x10.rljob.v1.Bucket\"\x1d\n\nPullSource\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"\x87\x01\n\x14UpdateWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12.\n\tbroadcast\x18\x02 \x01(\x0b\x32\x19.rljob.v1.BroadcastSourceH\x00\x12$\n\x04pull\x18\x03 \x01(\x0b\x32\x14.rljob.v1.PullSourceH\x00\x42\x08\n\x06source\"h\n\x15UpdateWeightsResponse\x12\x16\n\x0estaged_version\x18\x01 \x01(\x03\x12\x17\n\x0fserving_version\x18\x02 \x01(\x03\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"\x17\n\x15GetRolloutInfoRequest\"\x8a\x01\n\x16GetRolloutInfoResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x11\n\tin_flight\x18\x04 \x01(\x05\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12\x14\n\x0c\x65os_token_id\x18\x06 \x01(\x05\"\'\n\x0c\x44rainRequest\x12\x17\n\x0ftimeout_seconds\x18\x01 \x01(\x01\"\"\n\rDrainResponse\x12\x11\n\tin_flight\x18\x01 \x01(\x05*a\n\rWeightBackend\x12\x1e\n\x1aWEIGHT_BACKEND_UNSPECIFIED\x10\x00\x12\x17\n\x13WEIGHT_BACKEND_GLOO\x10\x01\x12\x17\n\x13WEIGHT_BACKEND_NCCL\x10\x02\x32\x8e\x03\n\x0eRolloutService\x12\x43\n\x08Generate\x12\x19.rljob.v1.GenerateRequest\x1a\x1a.rljob.v1.GenerateResponse0\x01\x12V\n\x0fJoinWeightGroup\x12 .rljob.v1.JoinWeightGroupRequest\x1a!.rljob.v1.JoinWeightGroupResponse\x12P\n\rUpdateWeights\x12\x1e.rljob.v1.UpdateWeightsRequest\x1a\x1f.rljob.v1.UpdateWeightsResponse\x12S\n\x0eGetRolloutInfo\x12\x1f.rljob.v1.GetRolloutInfoRequest\x1a .rljob.v1.GetRolloutInfoResponse\x12\x38\n\x05\x44rain\x12\x16.rljob.v1.DrainRequest\x1a\x17.rljob.v1.DrainResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erljob/v1/rollout_service.proto\x12\x08rljob.v1\x1a\x15rljob/v1/sample.proto\"c\n\rPromptRequest\x12\x11\n\tprompt_id\x18\x01 \x01(\t\x12\x11\n\ttoken_ids\x18\x02 \x03(\x05\x12\x0c\n\x04text\x18\x03 \x01(\t\x12\t\n\x01n\x18\x04 \x01(\x05\x12\x13\n\x0b\x66irst_index\x18\x05 \x01(\x05\"g\n\x0fGenerateRequest\x12(\n\x07prompts\x18\x01 \x03(\x0b\x32\x17.rljob.v1.PromptRequest\x12*\n\x08sampling\x18\x02 \x01(\x0b\x32\x18.rljob.v1.SamplingParams\"g\n\x10GenerateResponse\x12(\n\ncompletion\x18\x01 \x01(\x0b\x32\x14.rljob.v1.Completion\x12)\n\x0b\x63ompletions\x18\x02 \x03(\x0b\x32\x14.rljob.v1.Completion\"\xbc\x01\n\x16JoinWeightGroupRequest\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12\x16\n\x0emaster_address\x18\x02 \x01(\t\x12\x13\n\x0bmaster_port\x18\x03 \x01(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x12\n\nworld_size\x18\x05 \x01(\x05\x12(\n\x07\x62\x61\x63kend\x18\x06 \x01(\x0e\x32\x17.rljob.v1.WeightBackend\x12\x17\n\x0ftimeout_seconds\x18\x07 \x01(\x01\"+\n\x17JoinWeightGroupResponse\x12\x10\n\x08group_id\x18\x01 \x01(\t\"W\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\r\n\x05numel\x18\x05 \x01(\x03\"M\n\x06\x42ucket\x12\r\n\x05\x64type\x18\x01 \x01(\t\x12\r\n\x05numel\x18\x02 \x01(\x03\x12%\n\x07tensors\x18\x03 \x03(\x0b\x32\x14.rljob.v1.TensorMeta\"F\n\x0f\x42roadcastSource\x12\x10\n\x08group_id\x18\x01 \x01(\t\x12!\n\x07\x62uckets\x18\x02 \x03(\x0b\x32\x10.rljob.v1.Bucket\"\x1d\n\nPullSource\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\"\x87\x01\n\x14UpdateWeightsRequest\x12\x0f\n\x07version\x18\x01 \x01(\x03\x12.\n\tbroadcast\x18\x02 \x01(\x0b\x32\x19.rljob.v1.BroadcastSourceH\x00\x12$\n\x04pull\x18\x03 \x01(\x0b\x32\x14.rljob.v1.PullSourceH\x00\x42\x08\n\x06source\"h\n\x15UpdateWeightsResponse\x12\x16\n\x0estaged_version\x18\x01 \x01(\x03\x12\x17\n\x0fserving_version\x18\x02 \x01(\x03\x12\r\n\x05\x62ytes\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"\x17\n\x15GetRolloutInfoRequest\"\x8a\x01\n\x16GetRolloutInfoResponse\x12\x0e\n\x06\x65ngine\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x03\x12\x11\n\tin_flight\x18\x04 \x01(\x05\x12\x10\n\x08\x64raining\x18\x05 \x01(\x08\x12\x14\n\x0c\x65os_token_id\x18\x06 \x01(\x05\"\'\n\x0c\x44rainRequest\x12\x17\n\x0ftimeout_seconds\x18\x01 \x01(\x01\"\"\n\rDrainResponse\x12\x11\n\tin_flight\x18\x01 \x01(\x05*a\n\rWeightBackend\x12\x1e\n\x1aWEIGHT_BACKEND_UNSPECIFIED\x10\x00\x12\x17\n\x13WEIGHT_BACKEND_GLOO\x10\x01\x12\x17\n\x13WEIGHT_BACKEND_NCCL\x10\x02\x32\x8e\x03\n\x0eRolloutService\x12\x43\n\x08Generate\x12\x19.rljob.v1.GenerateRequest\x1a\x1a.rljob.v1.GenerateResponse0\x01\x12V\n\x0fJoinWeightGroup\x12 .rljob.v1.JoinWeightGroupRequest\x1a!.rljob.v1.JoinWeightGroupResponse\x12P\n\rUpdateWeights\x12\x1e.rljob.v1.UpdateWeightsRequest\x1a\x1f.rljob.v1.UpdateWeightsResponse\x12S\n\x0eGetRolloutInfo\x12\x1f.rljob.v1.GetRolloutInfoRequest\x1a .rljob.v1.GetRolloutInfoResponse\x12\x38\n\x05\x44rain\x12\x16.rljob.v1.DrainRequest\x1a\x17.rljob.v1.DrainResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rljob.v1.rollout_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WEIGHTBACKEND']._serialized_start=1329
-  _globals['_WEIGHTBACKEND']._serialized_end=1426
+  _globals['_WEIGHTBACKEND']._serialized_start=1372
+  _globals['_WEIGHTBACKEND']._serialized_end=1469
   _globals['_PROMPTREQUEST']._serialized_start=67
   _globals['_PROMPTREQUEST']._serialized_end=166
   _globals['_GENERATEREQUEST']._serialized_start=168
   _globals['_GENERATEREQUEST']._serialized_end=271
   _globals['_GENERATERESPONSE']._serialized_start=273
-  _globals['_GENERATERESPONSE']._serialized_end=333
-  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_start=336
-  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_end=524
-  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_start=526
-  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_end=569
-  _globals['_TENSORMETA']._serialized_start=571
-  _globals['_TENSORMETA']._serialized_end=658
-  _globals['_BUCKET']._serialized_start=660
-  _globals['_BUCKET']._serialized_end=737
-  _globals['_BROADCASTSOURCE']._serialized_start=739
-  _globals['_BROADCASTSOURCE']._serialized_end=809
-  _globals['_PULLSOURCE']._serialized_start=811
-  _globals['_PULLSOURCE']._serialized_end=840
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=843
-  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=978
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=980
-  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1084
-  _globals['_GETROLLOUTINFOREQUEST']._serialized_start=1086
-  _globals['_GETROLLOUTINFOREQUEST']._serialized_end=1109
-  _globals['_GETROLLOUTINFORESPONSE']._serialized_start=1112
-  _globals['_GETROLLOUTINFORESPONSE']._serialized_end=1250
-  _globals['_DRAINREQUEST']._serialized_start=1252
-  _globals['_DRAINREQUEST']._serialized_end=1291
-  _globals['_DRAINRESPONSE']._serialized_start=1293
-  _globals['_DRAINRESPONSE']._serialized_end=1327
-  _globals['_ROLLOUTSERVICE']._serialized_start=1429
-  _globals['_ROLLOUTSERVICE']._serialized_end=1827
+  _globals['_GENERATERESPONSE']._serialized_end=376
+  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_start=379
+  _globals['_JOINWEIGHTGROUPREQUEST']._serialized_end=567
+  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_start=569
+  _globals['_JOINWEIGHTGROUPRESPONSE']._serialized_end=612
+  _globals['_TENSORMETA']._serialized_start=614
+  _globals['_TENSORMETA']._serialized_end=701
+  _globals['_BUCKET']._serialized_start=703
+  _globals['_BUCKET']._serialized_end=780
+  _globals['_BROADCASTSOURCE']._serialized_start=782
+  _globals['_BROADCASTSOURCE']._serialized_end=852
+  _globals['_PULLSOURCE']._serialized_start=854
+  _globals['_PULLSOURCE']._serialized_end=883
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_start=886
+  _globals['_UPDATEWEIGHTSREQUEST']._serialized_end=1021
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_start=1023
+  _globals['_UPDATEWEIGHTSRESPONSE']._serialized_end=1127
+  _globals['_GETROLLOUTINFOREQUEST']._serialized_start=1129
+  _globals['_GETROLLOUTINFOREQUEST']._serialized_end=1152
+  _globals['_GETROLLOUTINFORESPONSE']._serialized_start=1155
+  _globals['_GETROLLOUTINFORESPONSE']._serialized_end=1293
+  _globals['_DRAINREQUEST']._serialized_start=1295
+  _globals['_DRAINREQUEST']._serialized_end=1334
+  _globals['_DRAINRESPONSE']._serialized_start=1336
+  _globals['_DRAINRESPONSE']._serialized_end=1370
+  _globals['_ROLLOUTSERVICE']._serialized_start=1472
+  _globals['_ROLLOUTSERVICE']._serialized_end=1870
 # @@protoc_insertion_point(module_scope)

@@ -40,10 +40,12 @@ class GenerateRequest(_message.Message):
     def __init__(self, prompts: _Optional[_Iterable[_Union[PromptRequest, _Mapping]]] = ..., sampling: _Optional[_Union[_sample_pb2.SamplingParams, _Mapping]] = ...) -> None: ...
 
 class GenerateResponse(_message.Message):
-    __slots__ = ("completion",)
+    __slots__ = ("completion", "completions")
     COMPLETION_FIELD_NUMBER: _ClassVar[int]
+    COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
     completion: _sample_pb2.Completion
-    def __init__(self, completion: _Optional[_Union[_sample_pb2.Completion, _Mapping]] = ...) -> None: ...
+    completions: _containers.RepeatedCompositeFieldContainer[_sample_pb2.Completion]
+    def __init__(self, completion: _Optional[_Union[_sample_pb2.Completion, _Mapping]] = ..., completions: _Optional[_Iterable[_Union[_sample_pb2.Completion, _Mapping]]] = ...) -> None: ...
 
 class JoinWeightGroupRequest(_message.Message):
     __slots__ = ("group_id", "master_address", "master_port", "rank", "world_size", "backend", "timeout_seconds")

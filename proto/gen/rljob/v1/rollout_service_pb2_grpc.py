@@ -69,8 +69,8 @@ class RolloutServiceServicer:
     """
 
     def Generate(self, request, context):
-        """Generate streams one Completion per sample as soon as it finishes; the stream ends
-        when every requested sample is done. Each completion reports the policy version
+        """Generate streams each sample as soon as it finishes, the samples that finished together
+        in one message; the stream ends when every requested sample is done. Each completion reports the policy version
         that generated it. INVALID_ARGUMENT names the prompt of a malformed request.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

@@ -243,8 +243,8 @@ class Controller:
                     return
                 replica = self.rollout.pick()
         try:
-            async for response in self.rollout.generate(replica, self._request(prompt, indices)):
-                await self._received(prompt, response.completion)
+            async for completion in self.rollout.generate(replica, self._request(prompt, indices)):
+                await self._received(prompt, completion)
         except ReplicaLost as exc:
             log.warning("%s; regenerating the rest of prompt %s elsewhere", exc, prompt.prompt_id)
             await self._regenerate_missing(prompt)

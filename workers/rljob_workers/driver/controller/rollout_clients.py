@@ -9,6 +9,7 @@ import grpc
 
 from rljob.v1 import rollout_service_pb2 as pb
 from rljob.v1 import rollout_service_pb2_grpc as pb_grpc
+from rljob.v1 import sample_pb2
 from rljob_workers.common.grpc_server import channel
 from rljob_workers.driver.controller.idle import BusyClock
 
@@ -62,13 +63,16 @@ class RolloutClients:
         candidates = [r for r in self.live() if r.in_flight < self.max_in_flight]
         return min(candidates, key=lambda r: (r.in_flight, r.name)) if candidates else None
 
-    async def generate(self, replica: Replica, request: pb.GenerateRequest) -> AsyncIterator[pb.GenerateResponse]:
+    async def generate(self, replica: Replica, request: pb.GenerateRequest) -> AsyncIterator[sample_pb2.Completion]:
         """Stream completions; a lost replica raises ReplicaLost (and is marked dead)."""
         replica.in_flight += len(request.prompts)
         self.busy.begin()
         try:
             async for response in replica.stub.Generate(request):
-                yield response
+                if response.HasField("completion"):  # a server that sends one sample per message
+                    yield response.completion
+                for completion in response.completions:
+                    yield completion
         except grpc.aio.AioRpcError as exc:
             if exc.code() in REPLICA_LOST:
                 replica.alive = False
