@@ -20,17 +20,16 @@ import asyncio
 import collections
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_workers.common.grpc_server import MAX_MESSAGE_BYTES, channel
 from rljob_workers.driver.controller.idle import BusyClock
+from rljob_workers.driver.reward_stream import InFlight, ReplicaStats, ReplicaStream
 from rljob_workers.reward.functions import INVALID, TRANSIENT, error_score
 
-# Weight of the newest observation in a replica's latency average.
-EWMA_ALPHA = 0.3
 # Largest sample sent: the gRPC message limit, less room for the request's own framing.
 MAX_SAMPLE_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
 # Used when a replica's Info reports no limit (0): a generous bound that still keeps one replica from taking all.
@@ -49,24 +48,6 @@ class _ReplicaLost(Exception):
     """The replica's stream died with the sample outstanding on it."""
 
 
-@dataclass
-class _InFlight:
-    future: asyncio.Future[sample_pb2.SampleScore]
-    sent_at: float = field(default_factory=time.monotonic)
-
-
-@dataclass(frozen=True)
-class ReplicaStats:
-    """One replica as the router sees it."""
-
-    address: str
-    outstanding: int
-    max_in_flight: int
-    latency_ewma_seconds: float | None
-    scored: int
-    draining: bool
-
-
 @dataclass(frozen=True)
 class RouterStats:
     """Per-replica load, and totals of re-sent and dropped samples."""
@@ -78,32 +59,6 @@ class RouterStats:
     waiting: int
     service_seconds: float  # summed over answered samples: the reward work done so far
     busy_seconds: float  # time any sample was outstanding on a replica
-
-
-class _Replica:
-    def __init__(self, name: str, address: str, ch: grpc.aio.Channel, max_in_flight: int) -> None:
-        self.name, self.address, self.channel, self.max_in_flight = name, address, ch, max_in_flight
-        self.call = reward_service_pb2_grpc.RewardServiceStub(ch).Score()
-        self.outstanding: dict[str, _InFlight] = {}
-        self.write_lock = asyncio.Lock()
-        self.latency: float | None = None
-        self.scored = 0
-        self.alive = True
-        self.draining = False
-        self.reader: asyncio.Task[None] | None = None
-
-    @property
-    def has_room(self) -> bool:
-        return self.alive and not self.draining and len(self.outstanding) < self.max_in_flight
-
-    def observe(self, seconds: float) -> None:
-        self.latency = seconds if self.latency is None else EWMA_ALPHA * seconds + (1 - EWMA_ALPHA) * self.latency
-        self.scored += 1
-
-    def stats(self) -> ReplicaStats:
-        return ReplicaStats(
-            self.address, len(self.outstanding), self.max_in_flight, self.latency, self.scored, self.draining
-        )
 
 
 class RewardRouter:
@@ -127,7 +82,7 @@ class RewardRouter:
         # instead: a poison sample must not take down the whole pool one replica at a time.
         self.max_resends = max_resends
         self.info_timeout = info_timeout
-        self._replicas: dict[str, _Replica] = {}
+        self._replicas: dict[str, ReplicaStream] = {}
         self._pending: set[str] = set()
         self._changed = asyncio.Event()
         # Callers waiting for a slot on a full pool, in arrival order: a freed slot wakes one of them,
@@ -155,7 +110,8 @@ class RewardRouter:
             raise ReplicaUnavailableError(
                 f"reward replica {name!r} at {address}: Info failed: {exc.code().name}: {exc.details()}"
             ) from exc
-        replica = _Replica(name, address, ch, max_in_flight or info.max_in_flight or DEFAULT_MAX_IN_FLIGHT)
+        limit = max_in_flight or info.max_in_flight or DEFAULT_MAX_IN_FLIGHT
+        replica = ReplicaStream(name, address, ch, limit, self._lose, batch_limit=max(1, info.max_samples_per_message))
         replica.reader = asyncio.create_task(self._read(replica), name=f"reward-router-{name}")
         self._replicas[name] = replica
         self._notify()
@@ -205,17 +161,17 @@ class RewardRouter:
             return error_score(sid, INVALID, message)
         self._pending.add(sid)
         try:
-            return await self._route(sample)
+            return await self._route(sample, size)
         finally:
             self._pending.discard(sid)
 
-    async def _route(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore:
+    async def _route(self, sample: sample_pb2.RewardSample, size: int) -> sample_pb2.SampleScore:
         sid = sample.sample_id
         losses = refusals = 0
         while True:
             replica, entry = await self._acquire(sid)
             try:
-                result = await self._send(replica, sample, entry)
+                result = await self._send(replica, sample, entry, size)
             except _ReplicaLost as lost:
                 losses += 1
                 if losses > self.max_resends:
@@ -232,7 +188,7 @@ class RewardRouter:
                 continue
             return result
 
-    async def _acquire(self, sid: str) -> tuple[_Replica, _InFlight]:
+    async def _acquire(self, sid: str) -> tuple[ReplicaStream, InFlight]:
         """Reserve a slot on the best replica, waiting for one; the wait is bounded only while there is none."""
         deadline: float | None = None
         self._waiting += 1
@@ -244,7 +200,7 @@ class RewardRouter:
                 replica = self._pick()
                 if replica is not None:
                     # Reserved before any await, so concurrent callers see the new outstanding count.
-                    entry = _InFlight(asyncio.get_running_loop().create_future())
+                    entry = InFlight(asyncio.get_running_loop().create_future())
                     replica.outstanding[sid] = entry
                     return replica, entry
                 if any(r.alive and not r.draining for r in self._replicas.values()):
@@ -277,23 +233,18 @@ class RewardRouter:
                 waiter.set_result(None)
                 return
 
-    def _pick(self) -> _Replica | None:
+    def _pick(self) -> ReplicaStream | None:
         candidates = [r for r in self._replicas.values() if r.has_room]
         if not candidates:
             return None
         return min(candidates, key=lambda r: (len(r.outstanding), r.latency or 0.0))
 
     async def _send(
-        self, replica: _Replica, sample: sample_pb2.RewardSample, entry: _InFlight
+        self, replica: ReplicaStream, sample: sample_pb2.RewardSample, entry: InFlight, size: int
     ) -> sample_pb2.SampleScore:
         self.busy.begin()
         try:
-            try:
-                async with replica.write_lock:
-                    await replica.call.write(reward_service_pb2.ScoreRequest(sample=sample))
-                entry.sent_at = time.monotonic()
-            except Exception as exc:  # a dead or half-closed stream; the reader may not have noticed yet
-                self._lose(replica, f"write failed: {type(exc).__name__}: {exc}")
+            await replica.send(sample, entry, size)
             return await entry.future
         finally:
             if replica.outstanding.get(sample.sample_id) is entry:  # the caller gave up (cancelled)
@@ -301,18 +252,21 @@ class RewardRouter:
                 self._slot_freed()
             self.busy.end()
 
-    async def _read(self, replica: _Replica) -> None:
+    async def _read(self, replica: ReplicaStream) -> None:
         reason = "stream closed by the replica"
         try:
             async for response in replica.call:
-                self._deliver(replica, response.score)
+                if response.HasField("score"):
+                    self._deliver(replica, response.score)
+                for score in response.scores:
+                    self._deliver(replica, score)
         except grpc.aio.AioRpcError as exc:
             reason = f"stream failed: {exc.code().name}: {exc.details()}"
         finally:
             self._lose(replica, reason)
             await replica.channel.close(None)
 
-    def _deliver(self, replica: _Replica, score: sample_pb2.SampleScore) -> None:
+    def _deliver(self, replica: ReplicaStream, score: sample_pb2.SampleScore) -> None:
         entry = replica.outstanding.pop(score.sample_id, None)
         if entry is None or entry.future.done():
             self.duplicates_dropped += 1
@@ -323,7 +277,7 @@ class RewardRouter:
         entry.future.set_result(score)
         self._slot_freed()
 
-    def _lose(self, replica: _Replica, reason: str) -> None:
+    def _lose(self, replica: ReplicaStream, reason: str) -> None:
         """Take a replica out and fail its outstanding samples over to their `score()` calls."""
         if not replica.alive:
             return

@@ -10,6 +10,10 @@ refused sample does not take down the stream and every other sample in flight on
 
 A refusal (the ``refusal`` field of the ScoreError, part of the contract) means "not computed,
 send it elsewhere": the router re-sends such samples instead of counting them as failures.
+
+Info declares ``max_samples_per_message``: a stream whose requests carry ``samples`` gets its
+answers in ``scores``, those that finished together in one message (a message costs the same
+CPU for one sample as for many).
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from importlib import metadata
 
 import grpc
@@ -64,6 +68,7 @@ class _ScoreStream:
         self.in_flight: dict[str, asyncio.Task[None]] = {}
         self.answers: asyncio.Queue[sample_pb2.SampleScore | None] = asyncio.Queue()
         self.undecodable = ""  # why the stream ends with INVALID_ARGUMENT once its answers are sent
+        self.batched = False  # the client sends `samples`, so it reads `scores`
 
     async def read(self, requests: AsyncIterator[reward_service_pb2.ScoreRequest]) -> None:
         """Accept samples until the client half-closes (or sends a message that does not decode),
@@ -72,7 +77,10 @@ class _ScoreStream:
         try:
             async for request in requests:
                 received += 1
-                self.accept(request.sample)
+                if request.samples:
+                    self.accept_several(request.samples)
+                else:  # one sample (an empty message is an empty sample, answered INVALID)
+                    self.accept(request.sample)
         except UndecodableRequest as exc:
             self.undecodable = (
                 f"message {received + 1} on this stream does not decode; the ones before it are answered: {exc}"
@@ -88,6 +96,32 @@ class _ScoreStream:
     async def finish(self) -> None:
         # Reading is over, so no task is added while these are awaited.
         await asyncio.gather(*self.in_flight.values(), return_exceptions=True)
+
+    def accept_several(self, samples: Sequence[sample_pb2.RewardSample]) -> None:
+        self.batched = True
+        limit = self.servicer.max_samples_per_message
+        for sample in samples[:limit]:
+            self.accept(sample)
+        for sample in samples[limit:]:
+            self.servicer.metrics.observe_invalid()
+            message = f"sample {sample.sample_id!r} is over Info's max_samples_per_message {limit} in its message"
+            self.answers.put_nowait(error_score(sample.sample_id, INVALID, message))
+
+    async def replies(self) -> AsyncIterator[reward_service_pb2.ScoreResponse]:
+        """The answers as they come; on a batched stream, the ones ready together share a message."""
+        done = False
+        while not done and (score := await self.answers.get()) is not None:
+            if not self.batched:
+                yield reward_service_pb2.ScoreResponse(score=score)
+                continue
+            scores = [score]
+            while not self.answers.empty():
+                more = self.answers.get_nowait()
+                if more is None:  # the stream's end, after these
+                    done = True
+                    break
+                scores.append(more)
+            yield reward_service_pb2.ScoreResponse(scores=scores)
 
     def accept(self, sample: sample_pb2.RewardSample) -> None:
         refusal = self.servicer.refusal(sample, self.in_flight)
@@ -126,6 +160,7 @@ class RewardServicer(reward_service_pb2_grpc.RewardServiceServicer):
         self.name = name
         self.max_in_flight = max_in_flight
         self.max_batch_size = max_batch_size or max_in_flight
+        self.max_samples_per_message = max_in_flight  # never more than a stream may have in flight
         self.version = version or _version()
         self.draining = False
         self.metrics = functions.metrics
@@ -189,8 +224,8 @@ class RewardServicer(reward_service_pb2_grpc.RewardServiceServicer):
         stream = _ScoreStream(self)
         reader = asyncio.create_task(stream.read(request_iterator))
         try:
-            while (score := await stream.answers.get()) is not None:
-                yield reward_service_pb2.ScoreResponse(score=score)
+            async for reply in stream.replies():
+                yield reply
             if stream.undecodable:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, stream.undecodable)
         finally:
@@ -239,6 +274,7 @@ class RewardServicer(reward_service_pb2_grpc.RewardServiceServicer):
             min_score=0.0,
             max_score=0.0,
             functions=self.functions.names,
+            max_samples_per_message=self.max_samples_per_message,
         )
 
     async def drain(self, timeout: float | None = None) -> bool:

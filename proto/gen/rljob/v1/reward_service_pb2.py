@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from rljob.v1 import sample_pb2 as rljob_dot_v1_dot_sample__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drljob/v1/reward_service.proto\x12\x08rljob.v1\x1a\x15rljob/v1/sample.proto\"6\n\x0cScoreRequest\x12&\n\x06sample\x18\x01 \x01(\x0b\x32\x16.rljob.v1.RewardSample\"5\n\rScoreResponse\x12$\n\x05score\x18\x01 \x01(\x0b\x32\x15.rljob.v1.SampleScore\"<\n\x11ScoreBatchRequest\x12\'\n\x07samples\x18\x01 \x03(\x0b\x32\x16.rljob.v1.RewardSample\";\n\x12ScoreBatchResponse\x12%\n\x06scores\x18\x01 \x03(\x0b\x32\x15.rljob.v1.SampleScore\"\r\n\x0bInfoRequest\"\x95\x01\n\x0cInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x16\n\x0emax_batch_size\x18\x03 \x01(\x05\x12\x15\n\rmax_in_flight\x18\x04 \x01(\x05\x12\x11\n\tmin_score\x18\x05 \x01(\x01\x12\x11\n\tmax_score\x18\x06 \x01(\x01\x12\x11\n\tfunctions\x18\x07 \x03(\t2\xcd\x01\n\rRewardService\x12<\n\x05Score\x12\x16.rljob.v1.ScoreRequest\x1a\x17.rljob.v1.ScoreResponse(\x01\x30\x01\x12G\n\nScoreBatch\x12\x1b.rljob.v1.ScoreBatchRequest\x1a\x1c.rljob.v1.ScoreBatchResponse\x12\x35\n\x04Info\x12\x15.rljob.v1.InfoRequest\x1a\x16.rljob.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1drljob/v1/reward_service.proto\x12\x08rljob.v1\x1a\x15rljob/v1/sample.proto\"_\n\x0cScoreRequest\x12&\n\x06sample\x18\x01 \x01(\x0b\x32\x16.rljob.v1.RewardSample\x12\'\n\x07samples\x18\x02 \x03(\x0b\x32\x16.rljob.v1.RewardSample\"\\\n\rScoreResponse\x12$\n\x05score\x18\x01 \x01(\x0b\x32\x15.rljob.v1.SampleScore\x12%\n\x06scores\x18\x02 \x03(\x0b\x32\x15.rljob.v1.SampleScore\"<\n\x11ScoreBatchRequest\x12\'\n\x07samples\x18\x01 \x03(\x0b\x32\x16.rljob.v1.RewardSample\";\n\x12ScoreBatchResponse\x12%\n\x06scores\x18\x01 \x03(\x0b\x32\x15.rljob.v1.SampleScore\"\r\n\x0bInfoRequest\"\xb6\x01\n\x0cInfoResponse\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\t\x12\x16\n\x0emax_batch_size\x18\x03 \x01(\x05\x12\x15\n\rmax_in_flight\x18\x04 \x01(\x05\x12\x11\n\tmin_score\x18\x05 \x01(\x01\x12\x11\n\tmax_score\x18\x06 \x01(\x01\x12\x11\n\tfunctions\x18\x07 \x03(\t\x12\x1f\n\x17max_samples_per_message\x18\x08 \x01(\x05\x32\xcd\x01\n\rRewardService\x12<\n\x05Score\x12\x16.rljob.v1.ScoreRequest\x1a\x17.rljob.v1.ScoreResponse(\x01\x30\x01\x12G\n\nScoreBatch\x12\x1b.rljob.v1.ScoreBatchRequest\x1a\x1c.rljob.v1.ScoreBatchResponse\x12\x35\n\x04Info\x12\x15.rljob.v1.InfoRequest\x1a\x16.rljob.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,17 +33,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rljob.v1.reward_service_pb2
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SCOREREQUEST']._serialized_start=66
-  _globals['_SCOREREQUEST']._serialized_end=120
-  _globals['_SCORERESPONSE']._serialized_start=122
-  _globals['_SCORERESPONSE']._serialized_end=175
-  _globals['_SCOREBATCHREQUEST']._serialized_start=177
-  _globals['_SCOREBATCHREQUEST']._serialized_end=237
-  _globals['_SCOREBATCHRESPONSE']._serialized_start=239
-  _globals['_SCOREBATCHRESPONSE']._serialized_end=298
-  _globals['_INFOREQUEST']._serialized_start=300
-  _globals['_INFOREQUEST']._serialized_end=313
-  _globals['_INFORESPONSE']._serialized_start=316
-  _globals['_INFORESPONSE']._serialized_end=465
-  _globals['_REWARDSERVICE']._serialized_start=468
-  _globals['_REWARDSERVICE']._serialized_end=673
+  _globals['_SCOREREQUEST']._serialized_end=161
+  _globals['_SCORERESPONSE']._serialized_start=163
+  _globals['_SCORERESPONSE']._serialized_end=255
+  _globals['_SCOREBATCHREQUEST']._serialized_start=257
+  _globals['_SCOREBATCHREQUEST']._serialized_end=317
+  _globals['_SCOREBATCHRESPONSE']._serialized_start=319
+  _globals['_SCOREBATCHRESPONSE']._serialized_end=378
+  _globals['_INFOREQUEST']._serialized_start=380
+  _globals['_INFOREQUEST']._serialized_end=393
+  _globals['_INFORESPONSE']._serialized_start=396
+  _globals['_INFORESPONSE']._serialized_end=578
+  _globals['_REWARDSERVICE']._serialized_start=581
+  _globals['_REWARDSERVICE']._serialized_end=786
 # @@protoc_insertion_point(module_scope)

@@ -46,7 +46,12 @@ class RewardServiceStub:
     the stream and every other sample in flight on it;
     - a whole call is refused with a status: UNAVAILABLE for a Score or ScoreBatch call made
     while the replica drains, RESOURCE_EXHAUSTED for a ScoreBatch over Info's max_batch_size;
-    - scores must be finite and inside Info's [min_score, max_score] (both 0: no range).
+    - scores must be finite and inside Info's [min_score, max_score] (both 0: no range);
+    - several samples per Score message are optional: a service that declares Info's
+    max_samples_per_message > 1 accepts ScoreRequest.samples (at most that many; the extra ones
+    are answered with an INVALID error) and answers such a stream with ScoreResponse.scores,
+    the scores that finished together. Callers send `samples` only to such a service; a
+    service that declares nothing gets, and sends, one sample per message.
     """
 
     def __init__(self, channel):
@@ -93,7 +98,12 @@ class RewardServiceServicer:
     the stream and every other sample in flight on it;
     - a whole call is refused with a status: UNAVAILABLE for a Score or ScoreBatch call made
     while the replica drains, RESOURCE_EXHAUSTED for a ScoreBatch over Info's max_batch_size;
-    - scores must be finite and inside Info's [min_score, max_score] (both 0: no range).
+    - scores must be finite and inside Info's [min_score, max_score] (both 0: no range);
+    - several samples per Score message are optional: a service that declares Info's
+    max_samples_per_message > 1 accepts ScoreRequest.samples (at most that many; the extra ones
+    are answered with an INVALID error) and answers such a stream with ScoreResponse.scores,
+    the scores that finished together. Callers send `samples` only to such a service; a
+    service that declares nothing gets, and sends, one sample per message.
     """
 
     def Score(self, request_iterator, context):
@@ -164,7 +174,12 @@ class RewardService:
     the stream and every other sample in flight on it;
     - a whole call is refused with a status: UNAVAILABLE for a Score or ScoreBatch call made
     while the replica drains, RESOURCE_EXHAUSTED for a ScoreBatch over Info's max_batch_size;
-    - scores must be finite and inside Info's [min_score, max_score] (both 0: no range).
+    - scores must be finite and inside Info's [min_score, max_score] (both 0: no range);
+    - several samples per Score message are optional: a service that declares Info's
+    max_samples_per_message > 1 accepts ScoreRequest.samples (at most that many; the extra ones
+    are answered with an INVALID error) and answers such a stream with ScoreResponse.scores,
+    the scores that finished together. Callers send `samples` only to such a service; a
+    service that declares nothing gets, and sends, one sample per message.
     """
 
     @staticmethod
