@@ -35,6 +35,9 @@ class ControlClients:
             log.debug("ControlService at %s: %s", address, exc.code())
             if exc.code() not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                 log.warning("ControlService at %s answered %s: %s", address, exc.code().name, exc.details())
+            # The next poll starts afresh: this channel would keep gRPC's reconnect backoff (growing to
+            # 2 minutes over a driver's start) and a connect attempt waiting on SYN retransmissions.
+            await self.forget(address)
             return None
         return response.status
 
