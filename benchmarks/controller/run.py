@@ -6,7 +6,9 @@ Controller, RolloutClients and RewardRouter over real gRPC on loopback, with a t
 returns at once and a weight sync that pulls a one-element model over the WeightService. The
 controller's process is pinned to one core and the replicas to the others where there are any.
 Reported: trained samples per second and the controller process's CPU per sample, against the
-target of 20,000 samples/s.
+target of 20,000 samples/s, for two wirings one after the other: the baseline, one sample per
+gRPC message both ways (what the replicas sent before batching), and the default, where the
+samples that are ready together share a message (a rollout group; the rewards sent in one moment).
 
     python benchmarks/controller/run.py [--steps 40] [--group-size 16] [--prompts-per-step 32]
 """
@@ -137,12 +139,12 @@ def _own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _start_replicas(cores: set[int]) -> tuple[list[subprocess.Popen[str]], str, str]:
+def _start_replicas(cores: set[int], per_message: int) -> tuple[list[subprocess.Popen[str]], str, str]:
     """The null rollout and reward replicas, each a child process on `cores`; their addresses."""
     children, addresses = [], []
     for role in ("rollout", "reward"):
         port = _free_port()
-        command = [sys.executable, __file__, "--serve", role, str(port)]
+        command = [sys.executable, __file__, "--serve", role, str(port), str(per_message)]
         child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
         _pin(child.pid, cores)
         assert child.stdout is not None
@@ -154,13 +156,19 @@ def _start_replicas(cores: set[int]) -> tuple[list[subprocess.Popen[str]], str, 
 
 
 async def measure(
-    steps: int = 40, group_size: int = 16, prompts_per_step: int = 32, max_staleness: int = 1, warmup: int = 3
+    steps: int = 40,
+    group_size: int = 16,
+    prompts_per_step: int = 32,
+    max_staleness: int = 1,
+    warmup: int = 3,
+    per_message: int = 0,
 ) -> Capacity:
-    """Run the controller for `warmup + steps` steps; the figures are those of the last `steps`."""
+    """Run the controller for `warmup + steps` steps; the figures are those of the last `steps`.
+    `per_message` 1: the replicas send one sample per message (the baseline); 0: they batch."""
     all_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     own = {min(all_cores)} if all_cores else set()
     _pin(0, own)
-    children, rollout_address, reward_address = _start_replicas(all_cores - own or all_cores)
+    children, rollout_address, reward_address = _start_replicas(all_cores - own or all_cores, per_message)
     configs = job_configs(warmup + steps, group_size, prompts_per_step, max_staleness)
     clients = RolloutClients(configs.rollout.max_concurrent_prompts)
     router = RewardRouter(replica_timeout=configs.controller.reward_timeout_seconds)
@@ -193,22 +201,29 @@ async def measure(
     return Capacity(samples=trained1 - trained0, seconds=at1 - at0, controller_cpu_seconds=cpu1 - cpu0)
 
 
-def serve(role: str, port: int) -> None:
-    """A child: the null rollout replica or the null reward replica on `port`."""
-    if role == "reward":
-        from rljob_workers.reward.server import serve_function
-
-        serve_function(lambda prompt, completion, **fields: 1.0, name="null", port=port, host="127.0.0.1")
-        return
+def serve(role: str, port: int, per_message: int) -> None:
+    """A child: the null rollout replica or the null reward replica on `port`; `per_message` 1 sends
+    one sample per message (the baseline), 0 lets the replica batch."""
+    from rljob_workers.reward import RewardFunctionSet
+    from rljob_workers.reward.callables import WeightedFunction
+    from rljob_workers.reward.server import start_reward_server
     from rljob_workers.rollout.server import serve_rollout
+
+    async def reward() -> None:
+        functions = RewardFunctionSet([WeightedFunction("null", lambda prompt, completion, **fields: 1.0)], 60.0)
+        running, servicer = await start_reward_server(functions, name="null", max_in_flight=64, port=port)
+        servicer.max_samples_per_message = per_message or servicer.max_samples_per_message
+        print(f"reward 'null' serving on 127.0.0.1:{running.port}", flush=True)
+        await asyncio.Event().wait()
 
     async def rollout() -> None:
         config = job_configs(1, 2, 1, 0).rollout  # groupSize ≥ 2 is the spec's rule
-        running, _ = await serve_rollout(config, "127.0.0.1", port, engine=NullEngine())  # type: ignore[arg-type]
+        running, servicer = await serve_rollout(config, "127.0.0.1", port, engine=NullEngine())  # type: ignore[arg-type]
+        servicer.max_completions_per_message = per_message
         print(f"rollout 'null' serving on 127.0.0.1:{running.port}", flush=True)
         await asyncio.Event().wait()
 
-    asyncio.run(rollout())
+    asyncio.run(reward() if role == "reward" else rollout())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,17 +232,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=16)
     parser.add_argument("--prompts-per-step", type=int, default=32)
     parser.add_argument("--max-staleness", type=int, default=1)
-    parser.add_argument("--serve", nargs=2, metavar=("ROLE", "PORT"), help=argparse.SUPPRESS)  # internal
+    parser.add_argument("--serve", nargs=3, metavar=("ROLE", "PORT", "PER_MESSAGE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
-        serve(args.serve[0], int(args.serve[1]))
+        serve(args.serve[0], int(args.serve[1]), int(args.serve[2]))
         return 0
-    result = asyncio.run(measure(args.steps, args.group_size, args.prompts_per_step, args.max_staleness))
-    print(
-        f"{result.samples} samples in {result.seconds:.2f} s: {result.per_second:,.0f} samples/s "
-        f"({result.per_second / TARGET:.2f} of the {TARGET:,} target); controller process "
-        f"{result.cpu_us_per_sample:.0f} µs CPU per sample ({os.cpu_count()} cores on this machine)"
-    )
+    shape = (args.steps, args.group_size, args.prompts_per_step, args.max_staleness)
+    results = {}
+    for label, per_message in (("one sample per message (baseline)", 1), ("batched messages", 0)):
+        result = results[per_message] = asyncio.run(measure(*shape, per_message=per_message))
+        print(
+            f"{label}: {result.samples} samples in {result.seconds:.2f} s: {result.per_second:,.0f} samples/s "
+            f"({result.per_second / TARGET:.2f} of the {TARGET:,} target); controller process "
+            f"{result.cpu_us_per_sample:.0f} µs CPU per sample",
+            flush=True,
+        )
+    ratio = results[0].per_second / results[1].per_second
+    print(f"batched ÷ baseline: {ratio:.2f}× samples/s ({os.cpu_count()} cores on this machine)")
     return 0
 
 

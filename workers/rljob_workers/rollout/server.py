@@ -122,6 +122,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         self.token = token  # the job's: sent when pulling weights from the trainer's WeightService
         self.draining = False
         self.in_flight = 0  # samples asked for and not yet streamed back
+        self.max_completions_per_message = 0  # 0: all that finished together (1: one per message, as before)
         self._calls = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -141,7 +142,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         wanted = sum(p.n for p in prompts)
         self._start_call(wanted)
         try:
-            async for batch in ready_batches(self.engine.generate(prompts, sampling)):
+            async for batch in ready_batches(self.engine.generate(prompts, sampling), self.max_completions_per_message):
                 wanted -= len(batch)
                 self.in_flight -= len(batch)
                 for response in responses(batch):
