@@ -60,12 +60,13 @@ def _phase(job: RLJob, observed: Observed, pools: PoolsStatus, snapshot: control
         return "Succeeded"
     if not observed.ray_cluster and driver is None:
         return "Pending"
+    if run in (control_pb.RUN_PHASE_RUNNING, control_pb.RUN_PHASE_STOPPING):
+        # The controller trains: its pools serve, whatever their pods' Ready conditions say yet
+        # (KubeRay's probes lag the Ray workers by seconds; an elastic pool grows while it trains).
+        return "Running"
     head_ready = observed.head is not None and observed.head.serving
     pools_ready = head_ready and all(getattr(pools, p).ready >= getattr(pools, p).desired for p in POOLS)
-    driving = (driver is not None and driver.running) or run in (
-        control_pb.RUN_PHASE_RUNNING,
-        control_pb.RUN_PHASE_STOPPING,
-    )
+    driving = driver is not None and driver.running
     return "Running" if observed.ray_cluster and pools_ready and driving else "Provisioning"
 
 

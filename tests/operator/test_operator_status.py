@@ -86,6 +86,17 @@ def test_running_once_pools_ready_and_driver_runs() -> None:
     assert cond(status, "Progressing").reason == "ControllerUnreachable"
 
 
+def test_running_once_the_controller_trains_though_a_pool_pod_is_not_ready_yet() -> None:
+    # KubeRay's readiness probe lags the Ray worker; the controller already trains on it (CI: step 44).
+    pods = running_pools(rollout=(*ready("ro", 3), PodInfo("ro-9", "Running")))
+    observed = Observed(ray_cluster=True, head=HEAD, pods=pods, driver=DRIVER_RUNNING)
+    assert compute_status(job(), observed, None, now=T0).phase == "Provisioning"
+    status = compute_status(job(), observed, snapshot(), now=T0)
+    assert status.phase == "Running"
+    assert status.pools is not None and (status.pools.rollout.ready, status.pools.rollout.desired) == (3, 4)
+    assert cond(status, "RolloutReady").status == "False"
+
+
 def test_head_not_ready_is_still_provisioning() -> None:
     observed = Observed(ray_cluster=True, head=PodInfo("h", "Pending"), pods=running_pools(), driver=DRIVER_RUNNING)
     assert compute_status(job(), observed, None, now=T0).phase == "Provisioning"
