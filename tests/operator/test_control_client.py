@@ -89,4 +89,4 @@ def test_a_driver_that_comes_up_late_is_seen_at_the_next_poll(drop: bool) -> Non
         pytest.skip("needs root and iptables to drop the SYNs of one local port")
     seen_after = asyncio.run(_seen_after(_free_port(), drop))
     print(f"controller seen {seen_after:.1f}s after it came up")
-    assert seen_after < 2 * POLL_EVERY + 1.0
+    assert seen_after < 3.0, "seen late: the channel kept a long reconnect backoff or connect attempt"
