@@ -14,7 +14,7 @@ import torch
 from conftest import REPO, load_script
 
 SCRIPT = REPO / "benchmarks" / "gpu" / "run.py"
-# check -> its status when it holds: "info" rows are measured side by side with no bar
+# check -> its status when it holds on a CPU: "info" rows are measured side by side with no bar
 ROWS = {
     "trainer step": "info",
     "hf engine": "info",
@@ -36,10 +36,10 @@ def table_rows(stdout: str) -> dict[str, dict[str, str]]:
     return {row["check"]: row for row in rows}
 
 
-def assert_every_row_holds(out: subprocess.CompletedProcess[str]) -> dict[str, dict[str, str]]:
+def assert_every_row_holds(out: subprocess.CompletedProcess[str], expected: dict[str, str]) -> dict[str, dict[str, str]]:
     assert out.returncode == 0, out.stdout + out.stderr
     rows = table_rows(out.stdout)
-    assert {check: row["status"] for check, row in rows.items()} == ROWS, out.stdout
+    assert {check: row["status"] for check, row in rows.items()} == expected, out.stdout
     for check in ("trainer step", "hf engine", "weight sync"):  # each measured against its baseline
         assert rows[check]["ratio"].startswith("speed "), rows[check]
         float(rows[check]["ratio"].split()[1].rstrip(","))
@@ -53,7 +53,7 @@ def load_check() -> ModuleType:
 def test_quick_cpu_run_prints_every_row_and_holds_its_bars() -> None:
     out = run_check("--device", "cpu", "--quick", timeout=300)
     print(out.stdout)
-    rows = assert_every_row_holds(out)
+    rows = assert_every_row_holds(out, ROWS)
     assert "CPU: peak RSS growth" in rows["hf engine"]["note"]  # says which memory a CPU run measures
     assert "gloo" in rows["weight sync"]["baseline"]
 
@@ -81,5 +81,5 @@ def test_asking_for_cuda_without_one_says_skipped(capsys: pytest.CaptureFixture[
 def test_full_check_on_cuda() -> None:
     out = run_check("--device", "cuda", timeout=1500)
     print(out.stdout)
-    rows = assert_every_row_holds(out)
+    rows = assert_every_row_holds(out, ROWS | {"hf engine": "pass"})  # on CUDA: speed >= 0.9, memory <= 1.3
     assert "max_memory_allocated" in rows["hf engine"]["note"]

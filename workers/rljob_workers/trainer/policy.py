@@ -127,13 +127,17 @@ class PolicyTrainer:
         if self.world_size == 1:
             return model
         if self._sharded:
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+            # The mesh on the trainer's own device type: fully_shard's default mesh is CUDA wherever a GPU is
+            # visible, which moved a CPU trainer's shards onto it
+            mesh = init_device_mesh(self.device.type, (self.world_size,))
             # FSDP casts the fp32 shards to the compute dtype for forward and backward, and reduces in fp32
             precision = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
             for layer in getattr(getattr(model, "model", model), "layers", []):
-                fully_shard(layer, mp_policy=precision)
-            fully_shard(model, mp_policy=precision)
+                fully_shard(layer, mesh=mesh, mp_policy=precision)
+            fully_shard(model, mesh=mesh, mp_policy=precision)
             return model
         from torch.nn.parallel import DistributedDataParallel
 
