@@ -36,7 +36,9 @@ def table_rows(stdout: str) -> dict[str, dict[str, str]]:
     return {row["check"]: row for row in rows}
 
 
-def assert_every_row_holds(out: subprocess.CompletedProcess[str], expected: dict[str, str]) -> dict[str, dict[str, str]]:
+def assert_every_row_holds(
+    out: subprocess.CompletedProcess[str], expected: dict[str, str]
+) -> dict[str, dict[str, str]]:
     assert out.returncode == 0, out.stdout + out.stderr
     rows = table_rows(out.stdout)
     assert {check: row["status"] for check, row in rows.items()} == expected, out.stdout
