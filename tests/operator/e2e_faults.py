@@ -44,9 +44,16 @@ class FaultRun:
     def step(self) -> int:
         return int(self.status().get("step") or 0)
 
-    def whole(self) -> bool:
-        pools = self.status().get("pools") or {}
+    def whole(self, status: dict[str, Any] | None = None) -> bool:
+        pools = (status if status is not None else self.status()).get("pools") or {}
         return bool(pools) and all(p.get("ready", 0) >= p.get("desired", 1) for p in pools.values())
+
+    def _recovered(self, step: int) -> bool:
+        """Training at `step` or past it with every pool whole, or ended (which the caller asserts against)."""
+        status = self.status()
+        if status.get("phase") in ("Succeeded", "Failed"):
+            return True
+        return status.get("phase") == "Running" and int(status.get("step") or 0) >= step and self.whole(status)
 
     def pods(self, selector: str, namespace: str | None = None) -> list[str]:
         out = self.cluster.kubectl("get", "pods", "-n", namespace or self.namespace, "-l", selector, "-o", "name")
@@ -72,9 +79,14 @@ class FaultRun:
         else:  # noticed when the job's status shows the pool short
             wait_for(f"{fault.target} short", lambda: not self.whole(), timeout=120, every=0.2)
         fault.detect = time.monotonic() - started
+        trained_from = fault.step
+        if fault.target == "driver":
+            # A deleted driver trains on through its graceful stop: steps the new driver must go past
+            wait_for("the deleted driver gone", lambda: not set(self.pods(selector, namespace)) & before, timeout=120)
+            trained_from = max(fault.step, self.step())
         wait_for(
             f"{RECOVERED_STEPS} steps after the {fault.target} fault",
-            lambda: self.step() >= fault.step + RECOVERED_STEPS and self.whole(),
+            lambda: self._recovered(trained_from + RECOVERED_STEPS),
             timeout=timeout,
             every=0.5,
         )
