@@ -14,6 +14,9 @@ from typing import TypeVar
 
 T = TypeVar("T")
 _END = object()
+# Items sent together share one message up to this size, far under the 64 MiB gRPC limit (a lone
+# item may be larger, to that limit): a group of long completions with their log-probs must fit.
+MESSAGE_BUDGET_BYTES = 4 * 1024 * 1024
 
 
 async def ready_batches(items: AsyncIterator[T], limit: int = 0) -> AsyncGenerator[list[T], None]:

@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 import grpc
 
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
+from rljob_workers.common.batching import MESSAGE_BUDGET_BYTES
 
 # Weight of the newest observation in a replica's latency average.
 EWMA_ALPHA = 0.3
-# Samples sent together share a message up to this size (a lone sample may be larger, to the gRPC limit).
-MESSAGE_BUDGET_BYTES = 4 * 1024 * 1024
 
 
 @dataclass

@@ -16,7 +16,7 @@ from rljob.v1 import rollout_service_pb2 as pb
 from rljob.v1 import rollout_service_pb2_grpc as pb_grpc
 from rljob.v1 import sample_pb2
 from rljob_api.workercfg import RolloutWorkerConfig
-from rljob_workers.common.batching import ready_batches
+from rljob_workers.common.batching import MESSAGE_BUDGET_BYTES, ready_batches
 from rljob_workers.common.grpc_server import RunningServer, Service, start_server
 from rljob_workers.engines import make_engine
 from rljob_workers.engines.base import Engine, FinishedSample, FinishReason, PromptInput, SamplingConfig
@@ -26,9 +26,6 @@ from rljob_workers.weights.receiver import pull_weights, receive_broadcast
 
 log = logging.getLogger(__name__)
 
-# Completions that finished together share a message up to this size (far under the 64 MiB limit:
-# a group of long completions with their log-probs must not outgrow it).
-MESSAGE_BUDGET_BYTES = 4 * 1024 * 1024
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["RolloutService"].full_name
 _FINISH = {
     FinishReason.STOP: sample_pb2.FINISH_REASON_STOP,
