@@ -37,6 +37,7 @@ BIN = Path(sys.executable).parent
 NETNS = f"rljob-drv{os.getpid()}"
 HOST_IP, POD_IP = "198.18.250.1", "198.18.250.2"  # the benchmarking range, never a private one
 RAY_PORT = 6390
+PROMPTS_PER_STEP, GROUP_SIZE = 4, 4
 
 
 def _missing() -> str | None:
@@ -78,14 +79,47 @@ def netns() -> Iterator[str]:
         subprocess.run(["ip", "netns", "del", NETNS], capture_output=True)  # takes the veth pair with it
 
 
-def _pod_env() -> dict[str, str]:
-    """The environment of a process in a pod: this one's, less what a fresh container lacks.
+# The job's reward: the example's exact match, but every sample after the first step's waits until
+# the test has looked at the running job (a file, the gate, appears), however fast the job would be.
+HELD_REWARD = """
+import asyncio, os
+from rljob_workers.tasks.arithmetic import exact_match
+
+_scored = 0
+
+async def held_exact_match(prompt, completion, answer, **_):
+    global _scored
+    _scored += 1
+    while _scored > int(os.environ["RLJOB_TEST_HOLD_AFTER"]) and not os.path.exists(os.environ["RLJOB_TEST_GATE"]):
+        await asyncio.sleep(0.05)
+    return exact_match(prompt, completion, answer)
+"""
+
+
+@pytest.fixture
+def held_reward(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The gate of HELD_REWARD: the samples of step 2 on are scored once this file exists."""
+    folder = tmp_path_factory.mktemp("held")
+    (folder / "held_reward.py").write_text(HELD_REWARD)
+    return folder / "gate"
+
+
+def _pod_env(gate: Path) -> dict[str, str]:
+    """The environment of a process in a pod: this one's, less what a fresh container lacks, plus
+    where the job's reward (HELD_REWARD, with `gate`) is imported from.
 
     Ray turns token authentication on for `ray start` when ~/.ray/auth_token exists (a local
     `ray.init()` on this machine writes one), but not for a driver connecting by address; in a
     pod there is no such file, so both sides run without it, as here.
     """
-    return {**os.environ, "RAY_AUTH_MODE": "disabled", "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
+    return {
+        **os.environ,
+        "RAY_AUTH_MODE": "disabled",
+        "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": os.pathsep.join([str(gate.parent), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        "RLJOB_TEST_GATE": str(gate),
+        "RLJOB_TEST_HOLD_AFTER": str(PROMPTS_PER_STEP * GROUP_SIZE),
+    }
 
 
 def _in_netns(netns: str, *command: str) -> list[str]:
@@ -117,7 +151,7 @@ def _gcs_servers() -> int:
 
 
 @pytest.fixture
-def ray_head(netns: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def ray_head(netns: str, tmp_path_factory: pytest.TempPathFactory, held_reward: Path) -> Iterator[str]:
     """`ray start --head` in the namespace, with one of each pool's resources (plus a spare rollout)."""
     temp_dir = Path(f"/tmp/rjc{os.getpid()}")  # Ray's socket paths must stay short
     resources = {pool_resource("rollout"): 2, pool_resource("reward"): 1, pool_resource("trainer"): 1}
@@ -129,7 +163,11 @@ def ray_head(netns: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s
     ]
     log = (tmp_path_factory.mktemp("head") / "head.log").open("w")
     head = subprocess.Popen(
-        _in_netns(netns, *command), stdout=log, stderr=subprocess.STDOUT, env=_pod_env(), start_new_session=True
+        _in_netns(netns, *command),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=_pod_env(held_reward),
+        start_new_session=True,
     )
     try:
         _wait_for_port(POD_IP, RAY_PORT, 60, head)
@@ -158,19 +196,35 @@ def _wait_for_port(host: str, port: int, seconds: float, process: subprocess.Pop
     raise AssertionError(f"nothing listens on {host}:{port} after {seconds:.0f}s")
 
 
+def _metrics_once_trained(url: str, driver: subprocess.Popen[bytes], seconds: float = 120) -> str:
+    """The driver's metrics page once it reports a step: the first step is trained whole (HELD_REWARD
+    holds the second), so it comes."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and driver.poll() is None:
+        page = urllib.request.urlopen(url, timeout=10).read().decode()
+        if "rljob_step{" in page:
+            return page
+        time.sleep(0.2)
+    raise AssertionError(f"no step on {url} after {seconds:.0f}s (driver exit code {driver.poll()})")
+
+
 def _job_file(assets: Path, work: Path) -> Path:
-    doc = job_doc(assets, work, totalSteps=12)  # 12 x 4 prompts of the 64: every step a new prompt group
+    # 12 x 4 prompts of the 64: every step a new prompt group
+    doc = job_doc(assets, work, totalSteps=12, promptsPerStep=PROMPTS_PER_STEP, groupSize=GROUP_SIZE)
+    doc["spec"]["reward"]["functions"][0]["rule"]["function"] = "held_reward:held_exact_match"
     path = work / "rljob.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
 
 
-def test_cluster_run_joins_the_ray_it_is_given_and_serves_at_the_spec_ports(assets, ray_head, netns, tmp_path):
+def test_cluster_run_joins_the_ray_it_is_given_and_serves_at_the_spec_ports(
+    assets, ray_head, netns, held_reward, tmp_path
+):
     job_file = _job_file(assets, tmp_path)
     ports = Ports()  # the defaults the operator's Services point at
     clusters_before = _gcs_servers()
     termination_log = tmp_path / "termination-log"  # the driver pod's /dev/termination-log
-    env = {**_pod_env(), "RAY_ADDRESS": ray_head, TERMINATION_LOG_ENV: str(termination_log)}
+    env = {**_pod_env(held_reward), "RAY_ADDRESS": ray_head, TERMINATION_LOG_ENV: str(termination_log)}
     command = _in_netns(netns, str(BIN / "rljob"), "run", "--cluster", "--no-display", str(job_file))
     # Without the job's token (the operator's Secret, mounted) the driver refuses to start, in a line.
     refused = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
@@ -184,14 +238,15 @@ def test_cluster_run_joins_the_ray_it_is_given_and_serves_at_the_spec_ports(asse
         )
         try:
             _wait_for_port(POD_IP, ports.control, 120, driver)
+            metrics = _metrics_once_trained(f"http://{POD_IP}:{ports.metrics}/metrics", driver)
             status = subprocess.run(
                 [str(BIN / "rljob"), "status", f"{POD_IP}:{ports.control}", "--token-file", token.path],
                 capture_output=True,
                 text=True,
                 timeout=30,
             )
-            metrics = urllib.request.urlopen(f"http://{POD_IP}:{ports.metrics}/metrics", timeout=10).read().decode()
             clusters_during = _gcs_servers()
+            held_reward.touch()  # the job goes on past its first step
             rc = driver.wait(240)
         finally:
             if driver.poll() is None:

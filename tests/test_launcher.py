@@ -88,7 +88,7 @@ def test_a_ray_start_that_times_out_is_made_once_more(monkeypatch, caplog):
 
     monkeypatch.setattr(launcher, "_start_ray", start)
     monkeypatch.setattr(launcher.ray, "shutdown", lambda: calls.append("shutdown"))
-    launcher.init_local_ray(_configs(), 1, 1, 1)
+    launcher.init_local_ray(_configs(), 1, 1, 1, {})
     assert calls == ["start", "shutdown", "start"]
     assert "Ray's node did not come up (The current node timed out during startup); starting Ray again" in caplog.text
 
@@ -99,7 +99,7 @@ def test_other_ray_start_errors_and_a_second_timeout_are_raised(monkeypatch):
 
     monkeypatch.setattr(launcher, "_start_ray", refuse)
     with pytest.raises(ValueError, match="num_cpus"):
-        launcher.init_local_ray(_configs(), 1, 1, 1)
+        launcher.init_local_ray(_configs(), 1, 1, 1, {})
 
     def time_out(cpus: int, resources: dict[str, int]) -> None:
         raise Exception(RAY_TIMEOUT)
@@ -107,4 +107,28 @@ def test_other_ray_start_errors_and_a_second_timeout_are_raised(monkeypatch):
     monkeypatch.setattr(launcher, "_start_ray", time_out)
     monkeypatch.setattr(launcher.ray, "shutdown", lambda: None)
     with pytest.raises(Exception, match="timed out during startup"):
-        launcher.init_local_ray(_configs(), 1, 1, 1)
+        launcher.init_local_ray(_configs(), 1, 1, 1, {})
+
+
+@ray.remote
+def _environment_variable(name: str) -> str | None:
+    import os
+
+    return os.environ.get(name)
+
+
+def test_the_pools_environment_reaches_ray_workers_and_leaves_the_driver_as_it_was(monkeypatch):
+    """The local node starts with the pools' variables, so actors need no runtime env of their own;
+    the driver's own environment is left as it was (a test or a restart in this process sees no token
+    file it was not given)."""
+    import os
+
+    monkeypatch.delenv("RLJOB_LAUNCHER_TEST", raising=False)
+    monkeypatch.setenv("RLJOB_LAUNCHER_KEPT", "driver")
+    launcher.init_local_ray(_configs(), 1, 1, 1, {"RLJOB_LAUNCHER_TEST": "pools", "RLJOB_LAUNCHER_KEPT": "pools"})
+    try:
+        seen = ray.get([_environment_variable.remote(n) for n in ("RLJOB_LAUNCHER_TEST", "RLJOB_LAUNCHER_KEPT")])
+    finally:
+        ray.shutdown()
+    assert seen == ["pools", "pools"]
+    assert "RLJOB_LAUNCHER_TEST" not in os.environ and os.environ["RLJOB_LAUNCHER_KEPT"] == "driver"

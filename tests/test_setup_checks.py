@@ -1,4 +1,5 @@
-"""Set-up errors fail `rljob run` in seconds, before Ray starts, as one line naming the field.
+"""Set-up errors fail `rljob run` in seconds, as one line naming the field: before Ray starts, but for
+a model folder that is there and does not load, whose check runs while Ray starts.
 
 Each case runs the real command on a broken copy of the shipped example and checks its exit
 code, that stderr is one line naming the field (file:line for a bad data row), that no
@@ -26,6 +27,7 @@ from tiny_models import char_llama
 
 RLJOB = str(Path(sys.executable).parent / "rljob")
 FAST_SECONDS = 5.0  # every check here is cheap (the model load, the slowest, comes last); the time is printed
+RAY_AND_CHECK_SECONDS = 20.0  # a model load that fails beside Ray's start, and Ray's stop (about 5 s here)
 
 
 @pytest.fixture(scope="module")
@@ -115,13 +117,15 @@ CASES = [
 ]
 
 
-def _assert_one_line(done: subprocess.CompletedProcess[str], seconds: float, expected: str, rc: int) -> None:
+def _assert_one_line(
+    done: subprocess.CompletedProcess[str], seconds: float, expected: str, rc: int, within: float = FAST_SECONDS
+) -> None:
     lines = done.stderr.strip().splitlines()
     print(f"{seconds:.1f}s: {done.stderr.strip()}")
     assert done.returncode == rc, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr[-2000:]
     assert expected in lines[0]
-    assert seconds < FAST_SECONDS
+    assert seconds < within
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -167,3 +171,39 @@ def test_an_engine_that_is_not_installed_is_named(assets, tmp_path):
     job = _job(assets, tmp_path, lambda s: s["rollout"].update(engine="vllm", gpusPerReplica=1))
     done, seconds = _run("run", str(job), "--output", str(tmp_path / "out"), cwd=assets)
     _assert_one_line(done, seconds, "spec.rollout.engine: engine vllm is not installed", rc=2)
+
+
+def _processes_with(marker: str) -> list[str]:
+    """Command lines of the live processes whose environment holds `marker` (what they inherited)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and marker.encode() in (proc / "environ").read_bytes():
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue  # gone, or not ours to read
+    return found
+
+
+def test_a_model_folder_that_does_not_load_is_one_line_and_stops_ray(assets, tmp_path):
+    """The model folders load in a thread while Ray starts (see driver/local.py): their error is still
+    one line, and the Ray node started beside the check is stopped, not left behind."""
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{not json")
+    job = _job(assets, tmp_path, lambda s: s["model"].update(path=str(broken)))
+    marker = f"rljob-setup-test-{os.getpid()}-{time.monotonic_ns()}"
+    started = time.monotonic()
+    done = subprocess.run(
+        [RLJOB, "run", str(job), "--no-display", "--output", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=assets,
+        env={**_env(assets), "RLJOB_SETUP_TEST_MARK": marker},
+    )
+    seconds = time.monotonic() - started
+    # Ray's start and stop come on top of the check: seconds still, not a pool's start-up.
+    _assert_one_line(done, seconds, "does not load", rc=2, within=RAY_AND_CHECK_SECONDS)
+    assert f"spec.model.path: {broken} does not load" in done.stderr
+    assert not _processes_with(marker), "Ray's processes outlived the refused run"

@@ -9,47 +9,99 @@ import contextlib
 import logging
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob.v1 import control_service_pb2_grpc as control_grpc
-from rljob_api import RLJob, RLJobInvalid
+from rljob_api import RLJob, RLJobInvalid, derive_worker_configs
 from rljob_api.workercfg import WorkerConfigs
 from rljob_workers.common.auth import TokenError
-from rljob_workers.driver.rundir import lock_run_folders
-from rljob_workers.driver.setup import SetupError, load_job_file, prepare
+from rljob_workers.driver.rundir import FolderLock, lock_run_folders, resume_from
+from rljob_workers.driver.setup import (
+    SetupError,
+    check_models,
+    check_quickly,
+    load_job_file,
+    prepare,
+    resolved_configs,
+)
 
 log = logging.getLogger("rljob")
 
 
-def use_loopback_ray() -> None:
-    """Keep a local Ray cluster on 127.0.0.1 (by default Ray advertises the machine's outward IP).
+def local_ray_environment() -> None:
+    """Keep a local Ray cluster on 127.0.0.1 (by default Ray advertises the machine's outward IP),
+    with token authentication.
 
     Read by Ray when it is first imported, so this runs before anything imports ray."""
     os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    # Token authentication, Ray's default for a local cluster, asked for by name: left to its default,
+    # every ray.init prints a warning saying so.
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 
 def run_local(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    locks: list[FolderLock] = []  # held across trainer restarts
     try:
         job = load_job_file(args.file)
-        configs = prepare(job, args.steps, cluster=args.cluster)
+        output = Path(args.output or Path("rljob-runs") / job.metadata.name).resolve()
+        if args.cluster:
+            configs = prepare(job, args.steps, cluster=True)
+            locks = lock_run_folders(output, Path(configs.trainer.checkpoint.dir))
+        else:
+            local_ray_environment()
+            check_quickly(job, args.steps)
+            checkpoints = Path(job.spec.checkpoint.dir).resolve()
+            locks = lock_run_folders(output, checkpoints)
+            resume_from(checkpoints, args.resume)  # refuses to start over checkpoints before Ray starts
+            configs = check_models_while_ray_starts(job, output)
     except (RLJobInvalid, SetupError) as exc:
         print(exc, file=sys.stderr)
-        return 2
-    output = Path(args.output or Path("rljob-runs") / job.metadata.name).resolve()
-    if not args.cluster:
-        use_loopback_ray()
-    try:
-        locks = lock_run_folders(output, Path(configs.trainer.checkpoint.dir))  # held across trainer restarts
-    except SetupError as exc:
-        print(exc, file=sys.stderr)
+        _stop_ray()
+        for lock in locks:
+            lock.release()
         return 2
     try:
         return _run_with_restarts(args, job, configs, output)
     finally:
         for lock in locks:
             lock.release()
+
+
+def check_models_while_ray_starts(job: RLJob, output: Path) -> WorkerConfigs:
+    """`prepare`'s last check, that the model folders load, in a thread while this thread starts the
+    local Ray node: the check imports transformers and torch (seconds), Ray's start is mostly waiting
+    on its processes. Returns the pools' configs.
+
+    Ray starts here, not in the thread, because its processes die with the thread that started them
+    (PR_SET_PDEATHSIG). A model check's error wins over Ray's: it is the one the user can act on."""
+    from rljob_workers.common.auth import TOKEN_FILE_NAME
+    from rljob_workers.driver.launcher import init_local_ray, worker_env
+
+    spec = job.spec
+    with ThreadPoolExecutor(1, thread_name_prefix="rljob-setup") as setup:
+        checked = setup.submit(_check_models_and_import, job)
+        try:
+            env = worker_env(str(output / TOKEN_FILE_NAME))  # where LocalRun writes the token
+            init_local_ray(derive_worker_configs(job), spec.rollout.cpus, spec.reward.cpus, spec.trainer.cpus, env)
+        except BaseException:
+            checked.result()  # a failed check is the error to show
+            raise
+        checked.result()
+    return resolved_configs(job, cluster=False)
+
+
+def _check_models_and_import(job: RLJob) -> None:
+    check_models(job)
+    import rljob_workers.driver.local_run  # noqa: F401  torch and the controller, while Ray still starts
+
+
+def _stop_ray() -> None:
+    """Stop a Ray node this process started (none on a cluster, or before the checks passed)."""
+    if "ray" in sys.modules:
+        sys.modules["ray"].shutdown()
 
 
 def _run_with_restarts(args: argparse.Namespace, job: RLJob, configs: WorkerConfigs, output: Path) -> int:

@@ -28,7 +28,14 @@ from rljob_workers.driver.controller.rollout_clients import RolloutClients
 from rljob_workers.driver.controller.status import ControlServicer, RunView, final_status_message
 from rljob_workers.driver.controller.weight_sync import WeightSync
 from rljob_workers.driver.display import Progress
-from rljob_workers.driver.launcher import ActorPool, RayTrainer, init_local_ray, reward_pool, rollout_pool
+from rljob_workers.driver.launcher import (
+    ActorPool,
+    RayTrainer,
+    init_local_ray,
+    reward_pool,
+    rollout_pool,
+    worker_env,
+)
 from rljob_workers.driver.metrics import JsonlWriter, RunMetrics, plot_rewards
 from rljob_workers.driver.reward_router import RewardRouter
 from rljob_workers.driver.rundir import cut_metrics_after, lock_run_folders, resume_from
@@ -76,6 +83,8 @@ class LocalRun:
         self.job_file = job_file
         self.lock_folders = lock_folders  # False: the caller holds them (across trainer restarts)
         self.token = token  # None: made in main() (see job_token)
+        self.pool_env: dict[str, str] = {}  # every pool process's environment, set with the token
+        self.actor_env: dict[str, str] | None = None
         self.signals = SignalStop(stop_timeout)
         self.supervisors: list[PoolSupervisor] = []
         self.trainer_watch = TrainerWatch([])
@@ -107,17 +116,25 @@ class LocalRun:
     def _use_token(self, token: JobToken) -> None:
         """Every pool serves with `token`; every client of the run sends it."""
         self.token = token
-        self.rollout.token_file = self.reward.token_file = token.path
+        # On a cluster each actor carries its environment; locally the Ray node is started with it.
+        self.pool_env = worker_env(token.path)
+        self.actor_env = self.pool_env if self.cluster else None
+        self.rollout.env = self.reward.env = self.actor_env
         self.clients.token = self.router.token = token.value
 
     async def _start_pools(self, resume_dir: Path | None) -> RayTrainer:
         assert self.token is not None  # main() set it
         c = self.configs
         trainer_task = asyncio.ensure_future(
-            RayTrainer.start(c, self.cpus["trainer"], str(resume_dir) if resume_dir else None, self.token.path)
+            RayTrainer.start(c, self.cpus["trainer"], str(resume_dir) if resume_dir else None, self.actor_env)
         )
-        replicas = await asyncio.gather(*(self.rollout.add() for _ in range(c.controller.rollout_replicas)))
-        rewards = await asyncio.gather(*(self.reward.add() for _ in range(max(c.controller.reward_replicas.min, 1))))
+        # Every pool starts at once: a replica's start is mostly its process importing and loading.
+        rollouts = c.controller.rollout_replicas
+        started = await asyncio.gather(
+            *(self.rollout.add() for _ in range(rollouts)),
+            *(self.reward.add() for _ in range(max(c.controller.reward_replicas.min, 1))),
+        )
+        replicas, rewards = started[:rollouts], started[rollouts:]
         for name, address in replicas:
             self.clients.add(name, address)
         for name, address in rewards:
@@ -168,8 +185,8 @@ class LocalRun:
             cut_metrics_after(self.output / "metrics.jsonl", int(state.get("step", 0)))
             if self.cluster:
                 ray.init(address="auto", logging_level=logging.WARNING)
-            else:
-                init_local_ray(c, self.cpus["rollout"], self.cpus["reward"], self.cpus["trainer"])
+            elif not ray.is_initialized():  # rljob run started it beside its checks (see local.py)
+                init_local_ray(c, self.cpus["rollout"], self.cpus["reward"], self.cpus["trainer"], self.pool_env)
             return await self._run_until_stopped(prompts, state, resume_dir)
         finally:
             for lock in locks:
@@ -382,8 +399,11 @@ class LocalRun:
         except asyncio.CancelledError:
             pass  # a second signal: stop at once
         finally:
-            self.metrics.close()  # its port is free again for a restart in this process
+            # Its port is free again for a restart in this process. In a thread: the HTTP server's
+            # shutdown waits out its 0.5 s poll, as long as Ray's own shutdown.
+            closed = asyncio.get_running_loop().run_in_executor(None, self.metrics.close)
             ray.shutdown()  # ends every pool process Ray started, whatever state it is in
+            await closed
 
     async def _stop_gracefully(self) -> None:
         with contextlib.suppress(Exception):

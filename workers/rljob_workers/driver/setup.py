@@ -43,15 +43,42 @@ def load_job_file(path: Path) -> RLJob:
 
 def prepare(job: RLJob, steps: int | None, *, cluster: bool = False) -> WorkerConfigs:
     """Worker configs with local paths made absolute, after every set-up check has passed."""
+    check_quickly(job, steps)
+    check_models(job)
+    return resolved_configs(job, cluster=cluster)
+
+
+def check_quickly(job: RLJob, steps: int | None) -> None:
+    """The checks that take well under a second: --steps, the data rows, the engines, the rules."""
     if steps is not None:
         if steps < 1:
             raise SetupError(f"--steps: {steps} is not a number of steps (at least 1)")
         job.spec.algorithm.total_steps = steps
-    # Cheapest first: loading a model folder imports transformers, the slowest check by far.
     check_data(job)
     check_engines(job)
     check_rewards(job)
-    check_model(job.spec.model.path, "spec.model.path")
+    for path, field in _model_folders(job):
+        check_model_folder(path, field)
+
+
+def check_models(job: RLJob) -> None:
+    """Every model folder loads: the policy's and each reward model's. Seconds: the first imports
+    transformers (and with it torch)."""
+    for path, field in _model_folders(job):
+        check_model(path, field)
+
+
+def _model_folders(job: RLJob) -> Iterator[tuple[str, str]]:
+    """Each model folder the job names, with the field that names it."""
+    yield job.spec.model.path, "spec.model.path"
+    for where, function in _indexed(job.spec.reward.functions):
+        model = function.disrm or function.genrm
+        if model is not None:
+            yield model.model_path, f"{where}.{function.kind}.modelPath"
+
+
+def resolved_configs(job: RLJob, *, cluster: bool) -> WorkerConfigs:
+    """The pools' configs, with the job's local paths made absolute (and, on a cluster, its ports free)."""
     job.spec.model.path = str(Path(job.spec.model.path).resolve())
     job.spec.data.path = str(Path(job.spec.data.path).resolve())
     job.spec.checkpoint.dir = str(Path(job.spec.checkpoint.dir).resolve())
@@ -65,8 +92,8 @@ def _hint(path: str) -> str:
     return " (make the example's with `make model`)" if ".cache/" in path else ""
 
 
-def check_model(path: str, field: str) -> None:
-    """A transformers model folder: config.json and a tokenizer that load with no network."""
+def check_model_folder(path: str, field: str) -> None:
+    """A folder with a config.json (no import needed to tell)."""
     folder = Path(path)
     if not folder.exists():
         raise SetupError(f"{field}: {path} does not exist{_hint(path)}")
@@ -74,6 +101,12 @@ def check_model(path: str, field: str) -> None:
         raise SetupError(f"{field}: {path} is a file, not a model folder")
     if not (folder / "config.json").is_file():
         raise SetupError(f"{field}: {path} has no config.json: not a transformers model folder")
+
+
+def check_model(path: str, field: str) -> None:
+    """A transformers model folder: config.json and a tokenizer that load with no network."""
+    check_model_folder(path, field)
+    folder = Path(path)
     from transformers import AutoConfig, AutoTokenizer
 
     try:
@@ -105,14 +138,11 @@ def _indexed(functions: list[RewardFunction]) -> Iterator[tuple[str, RewardFunct
 
 
 def check_rewards(job: RLJob) -> None:
-    """Every rule imports and accepts the job's fields; every reward model folder loads."""
+    """Every rule imports and accepts the job's fields (reward model folders: `check_models`)."""
     fields = [f for f in job.spec.data.fields if f not in RESERVED_ARGS]
     for where, function in _indexed(job.spec.reward.functions):
         if function.rule is not None:
             _check_rule(f"{where}.rule.function", function, fields)
-        model = function.disrm or function.genrm
-        if model is not None:
-            check_model(model.model_path, f"{where}.{function.kind}.modelPath")
 
 
 def _check_rule(field: str, function: RewardFunction, fields: list[str]) -> None:
