@@ -67,7 +67,7 @@ class FakeRollout:
 
     async def generate(
         self, replica: FakeReplica, request: rollout_pb.GenerateRequest
-    ) -> AsyncIterator[sample_pb2.Completion]:
+    ) -> AsyncIterator[list[sample_pb2.Completion]]:
         prompt, version = request.prompts[0], self.version[0]  # a request is generated under one version
         self.started += 1
         delay = 0.002 * (self.started % 3 + 1)  # groups finish at different times
@@ -76,7 +76,7 @@ class FakeRollout:
             sample_id = f"{prompt.prompt_id}/{index}"
             # A stale group is generated again under the same ids: log each generation apart.
             self.log.generated[f"{sample_id}@v{version}"] = self.log.tick()
-            yield sample_pb2.Completion(
+            completion = sample_pb2.Completion(
                 sample_id=sample_id,
                 prompt_id=prompt.prompt_id,
                 index=index,
@@ -86,6 +86,7 @@ class FakeRollout:
                 policy_version=version,
                 text=str(index),
             )
+            yield [completion]  # one per message, as a replica that finishes them apart sends them
 
 
 @dataclass
@@ -98,6 +99,9 @@ class FakeScorer:
         self.log.scored[key] = self.log.tick()
         await asyncio.sleep(0.001)
         return sample_pb2.SampleScore(sample_id=sample.sample_id, score=float(len(sample.completion)))
+
+    async def score_many(self, samples: list[sample_pb2.RewardSample]) -> list[sample_pb2.SampleScore]:
+        return list(await asyncio.gather(*(self.score(sample) for sample in samples)))
 
 
 @dataclass

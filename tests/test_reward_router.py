@@ -217,3 +217,61 @@ def test_a_full_pool_wakes_one_waiter_per_answer(monkeypatch: pytest.MonkeyPatch
         assert picks <= 3 * len(sids), f"{picks} looks for a replica for {len(sids)} samples"
 
     run(go())
+
+
+def test_score_many_answers_each_sample_once_in_order_when_its_replica_is_killed() -> None:
+    """Six of ten samples fit on r0 and go together; r0 is killed with them outstanding and they move
+    to r1, the other four are routed one by one; a refused sample (empty id, too big, already being
+    scored) is answered in its place without being sent."""
+
+    async def go() -> None:
+        servers = await slow_replicas(2)
+        router = RewardRouter(max_sample_bytes=4096)
+        await router.add_replica("r0", f"127.0.0.1:{servers[0].port}", max_in_flight=6)
+        await router.add_replica("r1", f"127.0.0.1:{servers[1].port}", max_in_flight=64)
+        samples = [sample(f"p/{i}", delay="0.3") for i in range(10)]
+        refused = [sample(""), sample("p/big", "9" * 5000), sample("p/3")]
+        batch = asyncio.create_task(router.score_many([*samples[:5], *refused, *samples[5:]]))
+        await until(lambda: router.stats().replicas["r0"].outstanding == 6)
+        await servers[0].stop(0)
+        results = await batch
+        ids = [r.sample_id for r in results]
+        assert ids == [*(f"p/{i}" for i in range(5)), "", "p/big", "p/3", *(f"p/{i}" for i in range(5, 10))]
+        answered = results[:5] + results[8:]
+        assert all(r.score == 1.0 and not r.HasField("error") for r in answered), answered
+        assert [r.error.error_class for r in results[5:8]] == [INVALID] * 3
+        assert "over the 4096-byte limit" in results[6].error.message
+        assert "already being scored" in results[7].error.message
+        stats = router.stats()
+        assert (stats.requeued, stats.duplicates_dropped, list(stats.replicas)) == (6, 0, ["r1"])
+        assert stats.replicas["r1"].scored == 10 and stats.replicas["r1"].outstanding == 0
+        await router.close()
+
+    run(go())
+
+
+class _CountsMessages(reward_service_pb2_grpc.RewardServiceServicer):
+    """A replica that takes 16 samples per message and records how many each message held."""
+
+    def __init__(self) -> None:
+        self.messages = list[int]()
+
+    async def Score(self, request_iterator, context):  # type: ignore[no-untyped-def]
+        async for request in request_iterator:
+            self.messages.append(len(request.samples) + request.HasField("sample"))
+            scores = [sample_pb2.SampleScore(sample_id=s.sample_id, score=0.25) for s in request.samples]
+            yield reward_service_pb2.ScoreResponse(scores=scores)
+
+    async def Info(self, request, context):  # type: ignore[no-untyped-def]
+        return reward_service_pb2.InfoResponse(name="counts", max_in_flight=64, max_samples_per_message=16)
+
+
+def test_score_many_sends_a_group_in_one_message() -> None:
+    async def go() -> None:
+        counting = _CountsMessages()
+        router = await routed([await third_party(counting)])
+        results = await router.score_many([sample(f"p/{i}") for i in range(16)])
+        assert [r.score for r in results] == [0.25] * 16 and counting.messages == [16]
+        await router.close()
+
+    run(go())

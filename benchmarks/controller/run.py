@@ -51,6 +51,7 @@ class Capacity:
     samples: int
     seconds: float
     controller_cpu_seconds: float
+    replicas_cpu_seconds: float  # the null rollout and reward replicas together
 
     @property
     def per_second(self) -> float:
@@ -59,6 +60,15 @@ class Capacity:
     @property
     def cpu_us_per_sample(self) -> float:
         return 1e6 * self.controller_cpu_seconds / self.samples
+
+    @property
+    def replicas_us_per_sample(self) -> float:
+        return 1e6 * self.replicas_cpu_seconds / self.samples
+
+    @property
+    def one_core_per_second(self) -> float:
+        """Samples per second the controller would move with a core to itself and replicas that keep up."""
+        return 1e6 / self.cpu_us_per_sample
 
 
 class NullEngine:
@@ -139,6 +149,13 @@ def _own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU of a running process (Linux /proc)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _start_replicas(cores: set[int], per_message: int) -> tuple[list[subprocess.Popen[str]], str, str]:
     """The null rollout and reward replicas, each a child process on `cores`; their addresses."""
     children, addresses = [], []
@@ -174,7 +191,7 @@ async def measure(
     router = RewardRouter(replica_timeout=configs.controller.reward_timeout_seconds)
     trainer = NullTrainer(clients, timeout=30)
     server = await trainer.serve()
-    marks: list[tuple[int, float, float]] = []
+    marks: list[tuple[int, float, float, float]] = []
     try:
         clients.add("rollout-0", rollout_address)
         await router.add_replica("reward-0", reward_address)
@@ -186,7 +203,9 @@ async def measure(
             scorer=router,
             trainer=trainer,
             sync_weights=trainer.sync_weights,
-            on_step=lambda r: marks.append((r.counts.trained, time.monotonic(), _own_cpu_seconds())),
+            on_step=lambda r: marks.append(
+                (r.counts.trained, time.monotonic(), _own_cpu_seconds(), sum(_cpu_seconds(c.pid) for c in children))
+            ),
         )
         await trainer.publish(0)
         await controller.run()
@@ -197,8 +216,8 @@ async def measure(
         for child in children:
             child.terminate()
             child.wait()
-    (trained0, at0, cpu0), (trained1, at1, cpu1) = marks[warmup - 1], marks[-1]
-    return Capacity(samples=trained1 - trained0, seconds=at1 - at0, controller_cpu_seconds=cpu1 - cpu0)
+    (trained0, at0, cpu0, replicas0), (trained1, at1, cpu1, replicas1) = marks[warmup - 1], marks[-1]
+    return Capacity(trained1 - trained0, at1 - at0, cpu1 - cpu0, replicas1 - replicas0)
 
 
 def serve(role: str, port: int, per_message: int) -> None:
@@ -243,12 +262,18 @@ def main(argv: list[str] | None = None) -> int:
         result = results[per_message] = asyncio.run(measure(*shape, per_message=per_message))
         print(
             f"{label}: {result.samples} samples in {result.seconds:.2f} s: {result.per_second:,.0f} samples/s "
-            f"({result.per_second / TARGET:.2f} of the {TARGET:,} target); controller process "
-            f"{result.cpu_us_per_sample:.0f} µs CPU per sample",
+            f"({result.per_second / TARGET:.2f} of the {TARGET:,} target); CPU per sample: controller process "
+            f"{result.cpu_us_per_sample:.0f} µs (its own core's worth: {result.one_core_per_second:,.0f} samples/s, "
+            f"{result.one_core_per_second / TARGET:.2f} of the target), the two null replicas "
+            f"{result.replicas_us_per_sample:.0f} µs",
             flush=True,
         )
     ratio = results[0].per_second / results[1].per_second
-    print(f"batched ÷ baseline: {ratio:.2f}× samples/s ({os.cpu_count()} cores on this machine)")
+    cpu_ratio = results[1].cpu_us_per_sample / results[0].cpu_us_per_sample
+    print(
+        f"batched ÷ baseline: {ratio:.2f}× samples/s, the controller's CPU per sample {cpu_ratio:.2f}× lower "
+        f"({os.cpu_count()} cores on this machine)"
+    )
     return 0
 
 

@@ -1,14 +1,13 @@
 """The controller's client of the reward pool: one Score stream per replica, least-outstanding routing.
 
-Each `score()` call owns its sample from start to answer: it reserves a slot on the accepting
-replica with the fewest outstanding samples (ties: lower latency), writes the sample on that
-replica's stream and awaits the answer. When a replica's stream dies, every sample
-outstanding on it is failed over to `score()`, which sends it again, elsewhere; a refusal
-(an error whose `refusal` field is set: not computed) is sent again too, and a replica that
-refuses because it drains gets no more samples. Only that field says "refused", never the
-error's text. Because one coroutine owns each sample and a sample is outstanding on one
-replica at a time, each sample gets exactly one answer; an answer nobody awaits any more (a
-buggy server answering twice, or a caller that gave up) is dropped and counted.
+`score()` owns its sample from start to answer (`score_many()` its samples): it reserves a slot on
+the accepting replica with the fewest outstanding samples (ties: lower latency), writes the sample
+on that replica's stream and awaits the answer. When a replica's stream dies, every sample
+outstanding on it is failed over to its owner, which sends it again, elsewhere; a refusal (an
+error whose `refusal` field is set: not computed; never read from the error's text) is sent again
+too, and a replica that refuses because it drains gets no more samples. One owner per sample and
+one replica at a time per sample: each sample gets exactly one answer; an answer nobody awaits any
+more (a buggy server answering twice, or a caller that gave up) is dropped and counted.
 
 Retries of failed scores and the job's onError policy are the controller's business: `score`
 returns the SampleScore, error or not, and raises only when no replica takes the sample.
@@ -17,51 +16,26 @@ returns the SampleScore, error or not, and raises only when no replica takes the
 from __future__ import annotations
 
 import asyncio
-import collections
-import contextlib
 import time
-from dataclasses import dataclass
+from collections.abc import Coroutine, Sequence
+from typing import Any, cast
 
-import grpc
-
-from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
-from rljob_workers.common.grpc_server import MAX_MESSAGE_BYTES, channel
+from rljob.v1 import sample_pb2
+from rljob_workers.common.grpc_server import MAX_MESSAGE_BYTES
 from rljob_workers.driver.controller.idle import BusyClock
-from rljob_workers.driver.reward_stream import InFlight, ReplicaStats, ReplicaStream
+from rljob_workers.driver.reward_replicas import ReplicaLost, ReplicaSet
+from rljob_workers.driver.reward_stream import InFlight, ReplicaStream, RouterStats
 from rljob_workers.reward.functions import INVALID, TRANSIENT, error_score
 
 # Largest sample sent: the gRPC message limit, less room for the request's own framing.
 MAX_SAMPLE_BYTES = MAX_MESSAGE_BYTES - 64 * 1024
-# Used when a replica's Info reports no limit (0): a generous bound that still keeps one replica from taking all.
-DEFAULT_MAX_IN_FLIGHT = 64
 
 
 class NoReplicaError(TimeoutError):
     """No reward replica could take a sample within the router's replica timeout."""
 
 
-class ReplicaUnavailableError(ConnectionError):
-    """A replica being added did not answer Info."""
-
-
-class _ReplicaLost(Exception):
-    """The replica's stream died with the sample outstanding on it."""
-
-
-@dataclass(frozen=True)
-class RouterStats:
-    """Per-replica load, and totals of re-sent and dropped samples."""
-
-    replicas: dict[str, ReplicaStats]
-    requeued: int
-    refused: int
-    duplicates_dropped: int
-    waiting: int
-    service_seconds: float  # summed over answered samples: the reward work done so far
-    busy_seconds: float  # time any sample was outstanding on a replica
-
-
-class RewardRouter:
+class RewardRouter(ReplicaSet):
     """Routes samples to reward replicas over long-lived Score streams."""
 
     def __init__(
@@ -73,7 +47,7 @@ class RewardRouter:
         max_sample_bytes: int = MAX_SAMPLE_BYTES,
         token: str | None = None,
     ) -> None:
-        self.token = token  # the job's, sent on every stream
+        super().__init__(token=token, info_timeout=info_timeout)
         self.replica_timeout = replica_timeout
         # A request over the replica's message limit would fail its whole stream, and every sample in
         # flight on it: refuse such a sample up front, naming it.
@@ -81,75 +55,80 @@ class RewardRouter:
         # A sample that has killed (or been lost with) this many replicas is answered with an error
         # instead: a poison sample must not take down the whole pool one replica at a time.
         self.max_resends = max_resends
-        self.info_timeout = info_timeout
-        self._replicas: dict[str, ReplicaStream] = {}
         self._pending: set[str] = set()
-        self._changed = asyncio.Event()
-        # Callers waiting for a slot on a full pool, in arrival order: a freed slot wakes one of them,
-        # not all (waking every waiter on every answer cost O(waiters) per sample).
-        self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
-        self._closed = False
         self._waiting = 0
         self.requeued = 0
         self.refused = 0
-        self.duplicates_dropped = 0
-        self.service_seconds = 0.0
         self.busy = BusyClock()
-
-    async def add_replica(self, name: str, address: str, *, max_in_flight: int | None = None) -> None:
-        """Open a Score stream to `address`; its limit comes from Info unless given."""
-        if name in self._replicas:
-            raise ValueError(f"reward replica {name!r} is already in the router")
-        ch = channel(address, self.token)
-        try:
-            info = await reward_service_pb2_grpc.RewardServiceStub(ch).Info(
-                reward_service_pb2.InfoRequest(), timeout=self.info_timeout
-            )
-        except grpc.aio.AioRpcError as exc:
-            await ch.close(None)
-            raise ReplicaUnavailableError(
-                f"reward replica {name!r} at {address}: Info failed: {exc.code().name}: {exc.details()}"
-            ) from exc
-        limit = max_in_flight or info.max_in_flight or DEFAULT_MAX_IN_FLIGHT
-        replica = ReplicaStream(name, address, ch, limit, self._lose, batch_limit=max(1, info.max_samples_per_message))
-        replica.reader = asyncio.create_task(self._read(replica), name=f"reward-router-{name}")
-        self._replicas[name] = replica
-        self._notify()
-
-    async def remove_replica(self, name: str, timeout: float | None = None) -> int:
-        """Drain a replica: no new samples; in-flight ones finish (or, after `timeout`, go elsewhere).
-        Returns the samples it scored."""
-        replica = self._replicas.get(name)
-        if replica is None:
-            return 0
-        replica.draining = True
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while replica.outstanding and replica.alive:
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                self._lose(replica, f"drain timed out after {timeout:g}s")
-                break
-            await self._wait_changed(self._changed, remaining)
-        if replica.alive:
-            async with replica.write_lock:
-                with contextlib.suppress(Exception):
-                    await replica.call.done_writing()
-        if replica.reader is not None:
-            with contextlib.suppress(asyncio.CancelledError):
-                await replica.reader
-        return replica.scored
-
-    def has_replica(self, name: str) -> bool:
-        return name in self._replicas
-
-    def drop_replica(self, name: str, reason: str) -> None:
-        """Take a replica that died out at once; its outstanding samples go to the others."""
-        replica = self._replicas.get(name)
-        if replica is not None:
-            self._lose(replica, reason)
 
     async def score(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore:
         """The sample's SampleScore (error or not); raises NoReplicaError if no replica takes it in time."""
+        return (await self.score_many([sample]))[0]
+
+    async def score_many(self, samples: Sequence[sample_pb2.RewardSample]) -> list[sample_pb2.SampleScore]:
+        """Each sample's SampleScore, in order, as `score` answers it, with one coroutine for the lot: what
+        the best replica has room for is reserved, written (in one message if it takes several) and
+        awaited together; the rest, and any sample lost or refused, is routed as by `score`."""
+        results: list[sample_pb2.SampleScore | None] = [None] * len(samples)
+        claimed: list[tuple[int, int]] = []  # (index, size)
+        for index, sample in enumerate(samples):
+            claim = self._claim(sample)
+            if isinstance(claim, sample_pb2.SampleScore):
+                results[index] = claim
+            else:
+                claimed.append((index, claim))
+        try:
+            await self._route_in_lots(samples, claimed, results)
+        finally:
+            for index, _ in claimed:
+                self._pending.discard(samples[index].sample_id)
+        return cast(list[sample_pb2.SampleScore], results)  # each one answered: claimed, in a lot or routed
+
+    async def _route_in_lots(
+        self,
+        samples: Sequence[sample_pb2.RewardSample],
+        claimed: list[tuple[int, int]],
+        results: list[sample_pb2.SampleScore | None],
+    ) -> None:
+        """Send `claimed` (index, size) in lots, each what the best replica has room for when its turn
+        comes, waiting for room while every replica is full (first in line again after a wake that
+        found none); with no replica to wait for, the rest is routed as `score` routes it."""
+        queue, lots = claimed, list[asyncio.Future[Any]]()
+        last: Coroutine[Any, Any, None] | None = None
+        reserved: list[tuple[ReplicaStream, str, InFlight]] = []
+        self._waiting += len(queue)
+        try:
+            while queue:
+                replica = None if self._closed else self._pick()
+                if replica is not None:
+                    room = replica.max_in_flight - len(replica.outstanding)
+                    lot, queue = queue[:room], queue[room:]
+                    self._waiting -= len(lot)
+                    entries = self._reserve(replica, samples, lot)
+                    reserved.extend((replica, samples[index].sample_id, entry) for index, _, entry in entries)
+                    work = self._score_lot(replica, samples, entries, results)
+                    if queue:
+                        lots.append(asyncio.ensure_future(work))
+                    else:
+                        last = work  # awaited here, without a task of its own
+                elif not self._closed and any(r.alive and not r.draining for r in self._replicas.values()):
+                    await self._slots.wait(first=bool(lots))
+                else:
+                    self._waiting -= len(queue)
+                    queue, routed = [], [self._answer(samples[i], size, i, results) for i, size in queue]
+                    lots.append(asyncio.gather(*routed))
+            if last is not None:
+                await last
+            await asyncio.gather(*lots)
+        finally:
+            self._waiting -= len(queue)
+            for started in lots:
+                started.cancel()
+            for replica, sid, entry in reserved:  # a lot cancelled before it ran cannot free its own
+                self._forget(replica, sid, entry)
+
+    def _claim(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore | int:
+        """The sample's byte size, now that this router owns it; or the error that refuses it."""
         sid = sample.sample_id
         if not sid:
             return error_score(sid, INVALID, "sample has an empty sample_id")
@@ -160,33 +139,92 @@ class RewardRouter:
             message = f"sample {sid!r} is {size} bytes, over the {self.max_sample_bytes}-byte limit of a reward request"
             return error_score(sid, INVALID, message)
         self._pending.add(sid)
-        try:
-            return await self._route(sample, size)
-        finally:
-            self._pending.discard(sid)
+        return size
 
-    async def _route(self, sample: sample_pb2.RewardSample, size: int) -> sample_pb2.SampleScore:
+    def _reserve(
+        self, replica: ReplicaStream, samples: Sequence[sample_pb2.RewardSample], lot: list[tuple[int, int]]
+    ) -> list[tuple[int, int, InFlight]]:
+        """A slot on `replica` for each (index, size) of `lot`, taken at once: the next pick sees them."""
+        loop = asyncio.get_running_loop()
+        reserved = [(index, size, InFlight(loop.create_future())) for index, size in lot]
+        for index, _, entry in reserved:
+            replica.outstanding[samples[index].sample_id] = entry
+        return reserved
+
+    async def _score_lot(
+        self,
+        replica: ReplicaStream,
+        samples: Sequence[sample_pb2.RewardSample],
+        reserved: list[tuple[int, int, InFlight]],
+        results: list[sample_pb2.SampleScore | None],
+    ) -> None:
+        """Score the `reserved` (index, size, slot) on `replica` into `results`, written and awaited
+        together; those lost or refused are routed again one by one."""
+        retry: list[tuple[int, int, tuple[int, int, str]]] = []
+        self.busy.begin()
+        try:
+            for index, size, entry in reserved:
+                await replica.send(samples[index], entry, size)
+            for index, size, entry in reserved:
+                try:
+                    result = await entry.future
+                except ReplicaLost as lost:
+                    self._count_loss(1)
+                    retry.append((index, size, (1, 0, str(lost))))
+                    continue
+                if self._resend_after_refusal(replica, result, 0):
+                    retry.append((index, size, (0, 1, "")))
+                    continue
+                results[index] = result
+        finally:
+            for index, _, entry in reserved:
+                self._forget(replica, samples[index].sample_id, entry)
+            self.busy.end()
+        await asyncio.gather(*(self._answer(samples[i], size, i, results, tries) for i, size, tries in retry))
+
+    async def _answer(
+        self,
+        sample: sample_pb2.RewardSample,
+        size: int,
+        index: int,
+        results: list[sample_pb2.SampleScore | None],
+        tries: tuple[int, int, str] = (0, 0, ""),
+    ) -> None:
+        results[index] = await self._route(sample, size, tries)
+
+    async def _route(
+        self, sample: sample_pb2.RewardSample, size: int, tries: tuple[int, int, str] = (0, 0, "")
+    ) -> sample_pb2.SampleScore:
         sid = sample.sample_id
-        losses = refusals = 0
-        while True:
+        losses, refusals, last_loss = tries
+        while losses <= self.max_resends:
             replica, entry = await self._acquire(sid)
             try:
                 result = await self._send(replica, sample, entry, size)
-            except _ReplicaLost as lost:
-                losses += 1
-                if losses > self.max_resends:
-                    message = f"sample {sid!r} was lost with {losses} reward replicas; last: {lost}"
-                    return error_score(sid, TRANSIENT, message)
-                self.requeued += 1
+            except ReplicaLost as lost:
+                losses, last_loss = losses + 1, str(lost)
+                self._count_loss(losses)
                 continue
-            refusal = result.error.refusal  # REFUSAL_REASON_UNSPECIFIED (0) when scored or failed
-            if refusal and refusals < self.max_resends:
+            if self._resend_after_refusal(replica, result, refusals):
                 refusals += 1
-                self.refused += 1
-                if refusal == sample_pb2.REFUSAL_REASON_DRAINING:
-                    replica.draining = True  # it will refuse everything from now on
                 continue
             return result
+        return error_score(sid, TRANSIENT, f"sample {sid!r} was lost with {losses} reward replicas; last: {last_loss}")
+
+    def _count_loss(self, losses: int) -> None:
+        """A sample's `losses`-th replica was lost with it: counted as re-sent unless that was its last try."""
+        if losses <= self.max_resends:
+            self.requeued += 1
+
+    def _resend_after_refusal(self, replica: ReplicaStream, result: sample_pb2.SampleScore, refusals: int) -> bool:
+        """Whether `result` is a refusal (not computed) to send elsewhere; a draining replica gets no more."""
+        refusal = result.error.refusal  # REFUSAL_REASON_UNSPECIFIED (0) when scored or failed
+        if not refusal or refusals >= self.max_resends:
+            return False
+        self.refused += 1
+        if refusal == sample_pb2.REFUSAL_REASON_DRAINING:
+            replica.draining = True  # it will refuse everything from now on
+        return True
 
     async def _acquire(self, sid: str) -> tuple[ReplicaStream, InFlight]:
         """Reserve a slot on the best replica, waiting for one; the wait is bounded only while there is none."""
@@ -204,7 +242,7 @@ class RewardRouter:
                     replica.outstanding[sid] = entry
                     return replica, entry
                 if any(r.alive and not r.draining for r in self._replicas.values()):
-                    await self._wait_for_slot()  # replicas exist but are full: a slot frees when an answer comes
+                    await self._slots.wait()  # replicas exist but are full: a slot frees when an answer comes
                     continue
                 deadline = deadline or time.monotonic() + self.replica_timeout
                 remaining = deadline - time.monotonic()
@@ -216,29 +254,6 @@ class RewardRouter:
         finally:
             self._waiting -= 1
 
-    async def _wait_for_slot(self) -> None:
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._slot_waiters.append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self._wake_one()  # woken, then cancelled before taking the slot: the next waiter takes it
-            raise
-
-    def _wake_one(self) -> None:
-        while self._slot_waiters:
-            waiter = self._slot_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-
-    def _pick(self) -> ReplicaStream | None:
-        candidates = [r for r in self._replicas.values() if r.has_room]
-        if not candidates:
-            return None
-        return min(candidates, key=lambda r: (len(r.outstanding), r.latency or 0.0))
-
     async def _send(
         self, replica: ReplicaStream, sample: sample_pb2.RewardSample, entry: InFlight, size: int
     ) -> sample_pb2.SampleScore:
@@ -247,68 +262,8 @@ class RewardRouter:
             await replica.send(sample, entry, size)
             return await entry.future
         finally:
-            if replica.outstanding.get(sample.sample_id) is entry:  # the caller gave up (cancelled)
-                del replica.outstanding[sample.sample_id]
-                self._slot_freed()
+            self._forget(replica, sample.sample_id, entry)
             self.busy.end()
-
-    async def _read(self, replica: ReplicaStream) -> None:
-        reason = "stream closed by the replica"
-        try:
-            async for response in replica.call:
-                if response.HasField("score"):
-                    self._deliver(replica, response.score)
-                for score in response.scores:
-                    self._deliver(replica, score)
-        except grpc.aio.AioRpcError as exc:
-            reason = f"stream failed: {exc.code().name}: {exc.details()}"
-        finally:
-            self._lose(replica, reason)
-            await replica.channel.close(None)
-
-    def _deliver(self, replica: ReplicaStream, score: sample_pb2.SampleScore) -> None:
-        entry = replica.outstanding.pop(score.sample_id, None)
-        if entry is None or entry.future.done():
-            self.duplicates_dropped += 1
-            return
-        seconds = time.monotonic() - entry.sent_at
-        replica.observe(seconds)
-        self.service_seconds += seconds
-        entry.future.set_result(score)
-        self._slot_freed()
-
-    def _lose(self, replica: ReplicaStream, reason: str) -> None:
-        """Take a replica out and fail its outstanding samples over to their `score()` calls."""
-        if not replica.alive:
-            return
-        replica.alive = False
-        if self._replicas.get(replica.name) is replica:
-            del self._replicas[replica.name]
-        replica.call.cancel()
-        for entry in replica.outstanding.values():
-            if not entry.future.done():
-                entry.future.set_exception(
-                    _ReplicaLost(f"reward replica {replica.name!r} at {replica.address}: {reason}")
-                )
-        replica.outstanding.clear()
-        self._notify()
-
-    def _notify(self) -> None:
-        """The pool changed (a replica came, went or drains; the router closed): every waiter looks again."""
-        self._changed.set()
-        self._changed = asyncio.Event()
-        while self._slot_waiters:
-            self._wake_one()
-
-    def _slot_freed(self) -> None:
-        self._changed.set()  # remove_replica waits for its replica's last answers here
-        self._changed = asyncio.Event()
-        self._wake_one()
-
-    @staticmethod
-    async def _wait_changed(changed: asyncio.Event, timeout: float | None) -> None:
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(changed.wait(), timeout)
 
     def stats(self) -> RouterStats:
         """Outstanding and latency per replica; samples re-sent, refused, dropped and waiting."""
@@ -321,12 +276,3 @@ class RewardRouter:
             service_seconds=self.service_seconds,
             busy_seconds=self.busy.seconds(),
         )
-
-    async def close(self) -> None:
-        """Close every stream; samples still waiting raise RuntimeError."""
-        self._closed = True
-        self._notify()  # waiters raise, even with no replica left to lose
-        replicas = list(self._replicas.values())
-        for replica in replicas:
-            self._lose(replica, "router closed")
-        await asyncio.gather(*(r.reader for r in replicas if r.reader is not None), return_exceptions=True)

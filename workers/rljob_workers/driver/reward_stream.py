@@ -1,5 +1,5 @@
-"""One reward replica's Score stream as the router holds it: its samples in flight, its latency, and
-how samples are written: one per message, or (when the replica's Info declares
+"""One reward replica's Score stream as the router holds it (and the router's stats): its samples in
+flight, its latency, and how samples are written: one per message, or (when the replica's Info declares
 max_samples_per_message > 1) those sent in the same moment together in one message.
 
 Batching never waits to fill a message: a sample is written by a flush task that runs as soon as
@@ -42,6 +42,19 @@ class ReplicaStats:
     draining: bool
 
 
+@dataclass(frozen=True)
+class RouterStats:
+    """Per-replica load, and totals of re-sent and dropped samples."""
+
+    replicas: dict[str, ReplicaStats]
+    requeued: int
+    refused: int
+    duplicates_dropped: int
+    waiting: int
+    service_seconds: float  # summed over answered samples: the reward work done so far
+    busy_seconds: float  # time any sample was outstanding on a replica
+
+
 @dataclass
 class _Queued:
     sample: sample_pb2.RewardSample
@@ -82,6 +95,13 @@ class ReplicaStream:
     def observe(self, seconds: float) -> None:
         self.latency = seconds if self.latency is None else EWMA_ALPHA * seconds + (1 - EWMA_ALPHA) * self.latency
         self.scored += 1
+
+    def release(self, sid: str, entry: InFlight) -> bool:
+        """Free the slot `entry` holds for `sid`, if it still does (no answer came); whether it did."""
+        if self.outstanding.get(sid) is entry:
+            del self.outstanding[sid]
+            return True
+        return False
 
     def stats(self) -> ReplicaStats:
         return ReplicaStats(

@@ -23,12 +23,12 @@ from typing import Any
 import grpc
 import torch
 
-from rljob.v1 import rollout_service_pb2 as rollout_pb
 from rljob.v1 import sample_pb2
 from rljob_api.workercfg import ControllerConfig
 from rljob_workers.driver.controller.data import Prompt, PromptSource
 from rljob_workers.driver.controller.groups import Group, GroupTracker, Sample, dispatch_allowed, staleness
 from rljob_workers.driver.controller.idle import BusyClock
+from rljob_workers.driver.controller.messages import contiguous_runs, generate_request, received_sample, reward_request
 from rljob_workers.driver.controller.report import Counts, RunFailed, Scorer, StepReport, Trainer
 from rljob_workers.driver.controller.rollout_clients import ReplicaLost, RolloutClients
 from rljob_workers.trainer.checkpoint import step_dir
@@ -176,20 +176,20 @@ class Controller:
         return batch
 
     def _train_samples(self, groups: list[Group]) -> tuple[list[TrainSample], list[float], list[int], list[str]]:
-        samples: list[TrainSample] = []
-        rewards: list[float] = []
-        lags: list[int] = []
-        for group_id, group in enumerate(groups):
-            scored = group.scored
-            if not scored:
-                continue
-            values = torch.tensor([s.reward for s in scored], dtype=torch.float32)
-            ids = torch.full_like(values, group_id, dtype=torch.long)
-            advantages = group_advantages(values, ids, scale_by_std=self.algo.scale_rewards_by_std)
-            for sample, advantage in zip(scored, advantages.tolist(), strict=True):
-                samples.append(TrainSample(sample.prompt_token_ids, sample.token_ids, sample.logprobs, advantage))
-                rewards.append(float(sample.reward or 0.0))
-                lags.append(staleness(sample.policy_version, self.version))
+        scored = [(group_id, sample) for group_id, group in enumerate(groups) for sample in group.scored]
+        rewards = [float(sample.reward or 0.0) for _, sample in scored]
+        # One call for the whole batch: torch's fixed cost per call, paid per group, was most of the
+        # controller's time per step.
+        advantages = group_advantages(
+            torch.tensor(rewards, dtype=torch.float32),
+            torch.tensor([group_id for group_id, _ in scored], dtype=torch.long),
+            scale_by_std=self.algo.scale_rewards_by_std,
+        ).tolist()
+        samples = [
+            TrainSample(s.prompt_token_ids, s.token_ids, s.logprobs, advantage)
+            for (_, s), advantage in zip(scored, advantages, strict=True)
+        ]
+        lags = [staleness(sample.policy_version, self.version) for _, sample in scored]
         return samples, rewards, lags, [g.prompt.prompt_id for g in groups]
 
     def _checkpointed_now(self) -> bool:
@@ -223,17 +223,6 @@ class Controller:
         if not task.cancelled() and task.exception() is not None:
             self.fail(f"internal error: {task.exception()!r}")
 
-    def _request(self, prompt: Prompt, indices: list[int]) -> rollout_pb.GenerateRequest:
-        s = self.config.sampling
-        sampling = sample_pb2.SamplingParams(
-            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens, stop=s.stop
-        )
-        # Indices are contiguous: a group is generated whole, and regenerated from its first missing index.
-        request = rollout_pb.PromptRequest(
-            prompt_id=prompt.prompt_id, text=prompt.text, n=len(indices), first_index=indices[0]
-        )
-        return rollout_pb.GenerateRequest(prompts=[request], sampling=sampling)
-
     async def _generate(self, prompt: Prompt, indices: list[int]) -> None:
         replica = self.rollout.pick()
         while replica is None:
@@ -243,8 +232,8 @@ class Controller:
                     return
                 replica = self.rollout.pick()
         try:
-            async for completion in self.rollout.generate(replica, self._request(prompt, indices)):
-                await self._received(prompt, completion)
+            async for completions in self.rollout.generate(replica, generate_request(self.config, prompt, indices)):
+                self._received(prompt, completions)
         except ReplicaLost as exc:
             log.warning("%s; regenerating the rest of prompt %s elsewhere", exc, prompt.prompt_id)
             await self._regenerate_missing(prompt)
@@ -260,27 +249,20 @@ class Controller:
         missing = group.missing()
         if missing:
             self.counts.lost_replica += len(missing)
-            for run in _contiguous_runs(missing):
+            for run in contiguous_runs(missing):
                 self._spawn(self._generate(prompt, run))
 
-    async def _received(self, prompt: Prompt, completion: sample_pb2.Completion) -> None:
-        sample = Sample(
-            sample_id=completion.sample_id,
-            prompt_id=completion.prompt_id,
-            index=completion.index,
-            prompt_token_ids=list(completion.prompt_token_ids),
-            token_ids=list(completion.token_ids),
-            logprobs=list(completion.logprobs),
-            policy_version=completion.policy_version,
-            text=completion.text,
-        )
-        if self.tracker.receive(sample):
-            self.counts.generated += 1
-            if self.config.reward_dispatch == "sample":
-                self._spawn(self._score(prompt, sample))
-            else:
-                self._held.setdefault(prompt.prompt_id, []).append(sample)
-                self._release_held()
+    def _received(self, prompt: Prompt, completions: list[sample_pb2.Completion]) -> None:
+        """Completions that came in one message: new samples of their group go to reward together."""
+        samples = [sample for sample in map(received_sample, completions) if self.tracker.receive(sample)]
+        self.counts.generated += len(samples)
+        if not samples:
+            return
+        if self.config.reward_dispatch == "sample":
+            self._spawn(self._score(prompt, samples))
+        else:
+            self._held.setdefault(prompt.prompt_id, []).extend(samples)
+            self._release_held()
 
     def _release_held(self) -> None:
         """Send held samples to reward: a whole group once generated (`group`); every generated group once
@@ -292,34 +274,35 @@ class Controller:
         if self.config.reward_dispatch == "batch" and batch_incomplete:
             return  # the batch is still being generated
         for prompt_id in generated:
-            prompt = self.tracker.groups[prompt_id].prompt
-            for sample in self._held.pop(prompt_id):
-                self._spawn(self._score(prompt, sample))
+            self._spawn(self._score(self.tracker.groups[prompt_id].prompt, self._held.pop(prompt_id)))
 
     # ---- reward -----------------------------------------------------------------------
-    async def _score(self, prompt: Prompt, sample: Sample) -> None:
-        request = sample_pb2.RewardSample(
-            sample_id=sample.sample_id,
-            prompt_id=sample.prompt_id,
-            prompt=prompt.text,
-            completion=sample.text,
-            fields=prompt.fields,
-            token_ids=sample.token_ids,
-            policy_version=sample.policy_version,
-        )
+    async def _score(self, prompt: Prompt, samples: list[Sample]) -> None:
+        """Score samples ready together in one call to the scorer and one update of their group; a
+        sample whose reward failed is retried, waited for or excluded on its own (onError)."""
+        requests = [reward_request(prompt, sample) for sample in samples]
+        results = await self.scorer.score_many(requests)
+        await self._record_scores([(s, r) for s, r in zip(samples, results, strict=True) if not r.HasField("error")])
+        failed = [(s, q, r) for s, q, r in zip(samples, requests, results, strict=True) if r.HasField("error")]
+        await asyncio.gather(*(self._retry(sample, request, result) for sample, request, result in failed))
+
+    async def _record_scores(self, scored: list[tuple[Sample, sample_pb2.SampleScore]]) -> None:
+        if not scored:
+            return
+        async with self._changed:
+            for sample, result in scored:
+                self.counts.scored += 1
+                self.tracker.score(sample.prompt_id, sample.index, result.score, dict(result.components))
+            self._changed.notify_all()
+
+    async def _retry(self, sample: Sample, request: sample_pb2.RewardSample, result: sample_pb2.SampleScore) -> None:
+        """A sample whose reward failed: tried again (rewardRetries, onError: wait) until scored, or
+        failing the run or excluded (onError)."""
         policy = self.config.reward_on_error
         attempt = 0
         waiting_since: float | None = None
         waited_out = ""
-        while True:
-            result = await self.scorer.score(request)
-            if not result.HasField("error"):
-                self._waiting.discard(sample.sample_id)
-                async with self._changed:
-                    self.counts.scored += 1
-                    self.tracker.score(sample.prompt_id, sample.index, result.score, dict(result.components))
-                    self._changed.notify_all()
-                return
+        while result.HasField("error"):
             error_class = result.error.error_class
             # A malformed sample stays malformed: retrying cannot help.
             retry = attempt < self.config.reward_retries and error_class != sample_pb2.ERROR_CLASS_INVALID
@@ -340,13 +323,19 @@ class Controller:
             # The exponent is capped: under onError: wait, 2**attempt would outgrow a float in time.
             await asyncio.sleep(min(0.05 * 2 ** min(attempt, 10), WAIT_BACKOFF_CAP_SECONDS if wait else 2.0))
             attempt += 1
+            result = await self.scorer.score(request)
         self._waiting.discard(sample.sample_id)
-        error = result.error
+        if result.HasField("error"):
+            await self._reward_failed(sample, result.error, waited_out)
+        else:
+            await self._record_scores([(sample, result)])
+
+    async def _reward_failed(self, sample: Sample, error: sample_pb2.ScoreError, waited_out: str) -> None:
         detail = error.message
         if sample.sample_id not in detail:  # servers in other languages may not name the sample
             detail = f"sample {sample.sample_id}: reward function {error.function or '?'} failed: {detail}"
         detail += waited_out
-        if policy in ("fail", "wait"):
+        if self.config.reward_on_error in ("fail", "wait"):
             self.fail(detail)
             return
         log.warning("excluded %s", detail)
@@ -387,13 +376,3 @@ class Controller:
             "data": self.prompts.state(),
             "counts": asdict(self.counts),
         }
-
-
-def _contiguous_runs(indices: list[int]) -> list[list[int]]:
-    runs: list[list[int]] = []
-    for index in indices:
-        if runs and index == runs[-1][-1] + 1:
-            runs[-1].append(index)
-        else:
-            runs.append([index])
-    return runs

@@ -25,6 +25,7 @@ class Scorer(Protocol):
     """What the controller needs of the reward pool (the router)."""
 
     async def score(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore: ...
+    async def score_many(self, samples: list[sample_pb2.RewardSample]) -> list[sample_pb2.SampleScore]: ...
 
 
 @dataclass

@@ -63,16 +63,20 @@ class RolloutClients:
         candidates = [r for r in self.live() if r.in_flight < self.max_in_flight]
         return min(candidates, key=lambda r: (r.in_flight, r.name)) if candidates else None
 
-    async def generate(self, replica: Replica, request: pb.GenerateRequest) -> AsyncIterator[sample_pb2.Completion]:
-        """Stream completions; a lost replica raises ReplicaLost (and is marked dead)."""
+    async def generate(
+        self, replica: Replica, request: pb.GenerateRequest
+    ) -> AsyncIterator[list[sample_pb2.Completion]]:
+        """Stream completions, those that came in one message together; a lost replica raises
+        ReplicaLost (and is marked dead)."""
         replica.in_flight += len(request.prompts)
         self.busy.begin()
         try:
             async for response in replica.stub.Generate(request):
-                if response.HasField("completion"):  # a server that sends one sample per message
-                    yield response.completion
-                for completion in response.completions:
-                    yield completion
+                # `completion`: a server that sends one sample per message
+                batch = [response.completion] if response.HasField("completion") else []
+                batch.extend(response.completions)
+                if batch:
+                    yield batch
         except grpc.aio.AioRpcError as exc:
             if exc.code() in REPLICA_LOST:
                 replica.alive = False

@@ -1,0 +1,58 @@
+"""The controller's gRPC messages, built from its bookkeeping (pure functions, no I/O)."""
+
+from __future__ import annotations
+
+from rljob.v1 import rollout_service_pb2 as rollout_pb
+from rljob.v1 import sample_pb2
+from rljob_api.workercfg import ControllerConfig
+from rljob_workers.driver.controller.data import Prompt
+from rljob_workers.driver.controller.groups import Sample
+
+
+def generate_request(config: ControllerConfig, prompt: Prompt, indices: list[int]) -> rollout_pb.GenerateRequest:
+    """Generate samples `indices` of `prompt`: contiguous, since a group is generated whole and
+    regenerated from its first missing index."""
+    s = config.sampling
+    sampling = sample_pb2.SamplingParams(
+        temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens, stop=s.stop
+    )
+    request = rollout_pb.PromptRequest(
+        prompt_id=prompt.prompt_id, text=prompt.text, n=len(indices), first_index=indices[0]
+    )
+    return rollout_pb.GenerateRequest(prompts=[request], sampling=sampling)
+
+
+def received_sample(completion: sample_pb2.Completion) -> Sample:
+    return Sample(
+        sample_id=completion.sample_id,
+        prompt_id=completion.prompt_id,
+        index=completion.index,
+        prompt_token_ids=list(completion.prompt_token_ids),
+        token_ids=list(completion.token_ids),
+        logprobs=list(completion.logprobs),
+        policy_version=completion.policy_version,
+        text=completion.text,
+    )
+
+
+def reward_request(prompt: Prompt, sample: Sample) -> sample_pb2.RewardSample:
+    return sample_pb2.RewardSample(
+        sample_id=sample.sample_id,
+        prompt_id=sample.prompt_id,
+        prompt=prompt.text,
+        completion=sample.text,
+        fields=prompt.fields,
+        token_ids=sample.token_ids,
+        policy_version=sample.policy_version,
+    )
+
+
+def contiguous_runs(indices: list[int]) -> list[list[int]]:
+    """[1, 2, 4] -> [[1, 2], [4]]."""
+    runs: list[list[int]] = []
+    for index in indices:
+        if runs and index == runs[-1][-1] + 1:
+            runs[-1].append(index)
+        else:
+            runs.append([index])
+    return runs
