@@ -91,6 +91,10 @@ class ReplicaSet:
         if replica is not None:
             self._lose(replica, reason)
 
+    def _accepting(self) -> bool:
+        """Whether some replica takes samples, full or not (a full one frees a slot with each answer)."""
+        return any(r.alive and not r.draining for r in self._replicas.values())
+
     def _pick(self) -> ReplicaStream | None:
         candidates = [r for r in self._replicas.values() if r.has_room]
         if not candidates:

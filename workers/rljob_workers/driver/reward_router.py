@@ -111,7 +111,7 @@ class RewardRouter(ReplicaSet):
                         lots.append(asyncio.ensure_future(work))
                     else:
                         last = work  # awaited here, without a task of its own
-                elif not self._closed and any(r.alive and not r.draining for r in self._replicas.values()):
+                elif not self._closed and self._accepting():
                     await self._slots.wait(first=bool(lots))
                 else:
                     self._waiting -= len(queue)
@@ -241,7 +241,7 @@ class RewardRouter(ReplicaSet):
                     entry = InFlight(asyncio.get_running_loop().create_future())
                     replica.outstanding[sid] = entry
                     return replica, entry
-                if any(r.alive and not r.draining for r in self._replicas.values()):
+                if self._accepting():
                     await self._slots.wait()  # replicas exist but are full: a slot frees when an answer comes
                     continue
                 deadline = deadline or time.monotonic() + self.replica_timeout
