@@ -112,7 +112,7 @@ class PolicyTrainer:
             self.reference.to(self.compute_dtype)
         self.policy = model
         self.model = self._wrap(model)
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=self.algo.learning_rate, weight_decay=self.algo.weight_decay
         )
 
