@@ -10,6 +10,7 @@ import asyncio
 import copy
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -142,6 +143,10 @@ def test_killed_run_resumes_at_its_checkpoint(assets, tmp_path):
 
     resumed = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # The reward curve is drawn while Ray shuts down, and is there once the command has ended.
+    curve = re.search(r"^reward curve: +(.+)$", resumed.stdout, re.MULTILINE)
+    assert curve is not None, resumed.stdout[-2000:]
+    assert Path(curve.group(1)).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     lines = _steps(out / "metrics.jsonl")
     # Each step once: the lines of steps trained after the checkpoint were cut, then trained again.
     assert [r["step"] for r in lines] == list(range(1, 9))

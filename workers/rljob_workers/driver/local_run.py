@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,10 +15,9 @@ import ray
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob.v1 import control_service_pb2_grpc as control_grpc
 from rljob_api import RLJob
-from rljob_api.workercfg import TERMINATION_LOG_ENV, WorkerConfigs
+from rljob_api.workercfg import WorkerConfigs
 from rljob_workers.common.auth import JobToken, TokenError
 from rljob_workers.common.grpc_server import RunningServer, Service, start_server
-from rljob_workers.driver.controller.data import load_prompts
 from rljob_workers.driver.controller.elastic import ElasticRewardPool
 from rljob_workers.driver.controller.idle import IdleMeter
 from rljob_workers.driver.controller.loop import Controller
@@ -38,11 +36,11 @@ from rljob_workers.driver.launcher import (
 )
 from rljob_workers.driver.metrics import JsonlWriter, RunMetrics, plot_rewards
 from rljob_workers.driver.reward_router import RewardRouter
-from rljob_workers.driver.rundir import cut_metrics_after, lock_run_folders, resume_from
+from rljob_workers.driver.rundir import lock_run_folders, starting_point
 from rljob_workers.driver.setup import SetupError, first_line
 from rljob_workers.driver.stopping import SignalStop
+from rljob_workers.driver.summary import REWARD_CURVE, RunEnd, plots, summary_lines, write_termination_message
 from rljob_workers.driver.supervisor import PoolSupervisor, Restart, RestartHistory, TrainerWatch, supervise
-from rljob_workers.trainer import checkpoint
 
 log = logging.getLogger("rljob")
 
@@ -111,6 +109,7 @@ class LocalRun:
         self.idle = {pool: IdleMeter() for pool in ("rollout", "trainer", "reward")}
         self.metrics = RunMetrics(job.metadata.name)
         self.progress = Progress(job.metadata.name, live=display)
+        self.plotting: asyncio.Future[Path] | None = None  # the reward curve, drawn during the shutdown
 
     # ---- start ---------------------------------------------------------------------------
     def _use_token(self, token: JobToken) -> None:
@@ -165,24 +164,7 @@ class LocalRun:
         locks = lock_run_folders(self.output, Path(c.trainer.checkpoint.dir)) if self.lock_folders else []
         try:
             self._use_token(self.token or job_token(self.output, cluster=self.cluster))
-            resume_dir = resume_from(Path(c.trainer.checkpoint.dir), self.resume)
-            state = checkpoint.read_state(resume_dir) if resume_dir else {}
-            if resume_dir:
-                log.info(
-                    "resuming from %s: step %d, policy version %d",
-                    *(resume_dir, int(state.get("step", 0)), int(state.get("policy_version", 0))),
-                )
-            prompts = load_prompts(
-                c.controller.data.path,
-                c.controller.data.prompt_field,
-                c.controller.data.fields,
-                c.controller.algorithm.seed,
-                c.controller.data.shuffle,
-            )
-            if state:
-                prompts.restore(state["data"])
-            # Steps trained after the checkpoint (every step, with none) are trained again: their lines go.
-            cut_metrics_after(self.output / "metrics.jsonl", int(state.get("step", 0)))
+            resume_dir, state, prompts = starting_point(c, self.output, self.resume)
             if self.cluster:
                 ray.init(address="auto", logging_level=logging.WARNING)
             elif not ray.is_initialized():  # rljob run started it beside its checks (see local.py)
@@ -371,26 +353,22 @@ class LocalRun:
         return {pool: meter.fraction() for pool, meter in self.idle.items()}
 
     def _summary(self, rc: int, view: RunView, reports: list[StepReport]) -> None:
-        if os.environ.get(TERMINATION_LOG_ENV):  # the driver pod's termination message: the operator's last word
-            with contextlib.suppress(OSError):
-                Path(os.environ[TERMINATION_LOG_ENV]).write_text(final_status_message(view.snapshot()))
-        jsonl = self.output / "metrics.jsonl"
-        lines = []
-        if self.signals.signal is not None:
-            lines.append(view.message or f"stopped by {self.signals.signal.name}")
-        elif rc:
-            lines.append(f"run failed: {view.message}")
-        if self.controller and self.controller.last_checkpoint:
-            lines.append(f"checkpoint:   {self.controller.last_checkpoint}")
-            if rc and self.job_file is not None:
-                lines.append(f"resume with:  rljob run {self.job_file} --resume --output {self.output}")
-        if self.elastic is not None:
-            lines.append("reward scored: " + ", ".join(f"{n} {k}" for n, k in self.elastic.scored_by_replica().items()))
-        if jsonl.exists() and reports:
-            lines.append(f"metrics:      {jsonl}")
-            png = plot_rewards(jsonl, self.output / "reward-curve.png", f"rljob run: {self.job.metadata.name}")
-            lines.append(f"reward curve: {png}")
-        print("\n".join(lines), flush=True)
+        write_termination_message(final_status_message(view.snapshot()))
+        end = RunEnd(
+            rc,
+            self.output,
+            message=view.message,
+            stopped_by=self.signals.signal.name if self.signals.signal is not None else None,
+            checkpoint=self.controller.last_checkpoint if self.controller else None,
+            job_file=self.job_file,
+            scored=self.elastic.scored_by_replica() if self.elastic is not None else None,
+            trained=bool(reports),
+        )
+        if plots(end):  # drawn while Ray shuts down, which mostly waits on its processes (see _shutdown)
+            title = f"rljob run: {self.job.metadata.name}"
+            jsonl, png = self.output / "metrics.jsonl", self.output / REWARD_CURVE
+            self.plotting = asyncio.get_running_loop().run_in_executor(None, plot_rewards, jsonl, png, title)
+        print("\n".join(summary_lines(end)), flush=True)
 
     async def _shutdown(self) -> None:
         try:
@@ -404,6 +382,8 @@ class LocalRun:
             closed = asyncio.get_running_loop().run_in_executor(None, self.metrics.close)
             ray.shutdown()  # ends every pool process Ray started, whatever state it is in
             await closed
+            if self.plotting is not None:
+                await self.plotting
 
     async def _stop_gracefully(self) -> None:
         with contextlib.suppress(Exception):

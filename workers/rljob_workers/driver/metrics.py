@@ -137,17 +137,16 @@ class JsonlWriter:
 
 
 def plot_rewards(jsonl: Path, png: Path, title: str = "") -> Path:
-    """The reward curve of a run (mean and std band per step) as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """The reward curve of a run (mean and std band per step) as a PNG. Figure, not pyplot: no global
+    state, so it may draw in a thread, and no pyplot import (a second here)."""
+    from matplotlib.figure import Figure
 
     rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
     steps = [r["step"] for r in rows]
     mean = [r["reward_mean"] for r in rows]
     std = [r["reward_std"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
     ax.plot(steps, mean, label="mean reward")
     ax.fill_between(
         steps,
@@ -162,5 +161,4 @@ def plot_rewards(jsonl: Path, png: Path, title: str = "") -> Path:
     ax.legend()
     fig.tight_layout()
     fig.savefig(png, dpi=100)
-    plt.close(fig)
     return png

@@ -9,8 +9,10 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
+from rljob_api.workercfg import WorkerConfigs
+from rljob_workers.driver.controller.data import PromptSource, load_prompts
 from rljob_workers.driver.setup import SetupError
 from rljob_workers.trainer import checkpoint
 
@@ -96,3 +98,24 @@ def resume_from(root: Path, resume: bool) -> Path | None:
             "from the newest, or remove the directory to start over"
         )
     return found
+
+
+def starting_point(
+    configs: WorkerConfigs, output: Path, resume: bool
+) -> tuple[Path | None, dict[str, Any], PromptSource]:
+    """Where a run starts: the checkpoint (None: from scratch), its saved state, and the prompts
+    positioned where it left them. The metrics lines of steps after the checkpoint (every step, with
+    none) go: those steps are trained again."""
+    resume_dir = resume_from(Path(configs.trainer.checkpoint.dir), resume)
+    state = checkpoint.read_state(resume_dir) if resume_dir else {}
+    if resume_dir:
+        log.info(
+            "resuming from %s: step %d, policy version %d",
+            *(resume_dir, int(state.get("step", 0)), int(state.get("policy_version", 0))),
+        )
+    data = configs.controller.data
+    prompts = load_prompts(data.path, data.prompt_field, data.fields, configs.controller.algorithm.seed, data.shuffle)
+    if state:
+        prompts.restore(state["data"])
+    cut_metrics_after(output / "metrics.jsonl", int(state.get("step", 0)))
+    return resume_dir, state, prompts
