@@ -4,6 +4,7 @@ benchmark's, quoted in the README from a full run)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -31,11 +32,16 @@ def test_both_runs_train_every_step_and_the_table_compares_them(
     doc["spec"]["data"]["path"] = str(write_jsonl(tmp_path / "train.jsonl", make_problems(256, seed=3)))
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
-    assert _bench().main(["--steps", str(STEPS), "--staleness", "1", "--job", str(job)]) == 0
+    assert _bench().main(["--steps", str(STEPS), "--staleness", "1", "--repeat", "2", "--job", str(job)]) == 0
     out = capsys.readouterr().out
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| one process", "| rljob run"))]
-    assert [r[0] for r in rows] == ["| one process", "| rljob run, maxStaleness 1"], out
-    base, rljob = rows
+    assert [r[0] for r in rows] == ["| one process", "| rljob run, maxStaleness 1"] * 2, out
+    # Two rounds, each with its own baseline; the summary's median of two is their rounds' mean.
+    ratios = sorted(float(r[3]) for r in rows[1::2])
+    median = re.search(r"- rljob run, maxStaleness 1: × one process median ([\d.]+) \(([\d.]+)–([\d.]+)\)", out)
+    assert median is not None, out
+    assert [float(g) for g in median.groups()] == pytest.approx([sum(ratios) / 2, *ratios], abs=0.011), out
+    base, rljob = rows[:2]
     assert float(base[3]) == 1.0 and float(rljob[3]) > 0, out  # the ratio to the baseline
     assert "generate" in base[4] and "waiting for the batch" in rljob[4] and "weight sync" in rljob[4], out
     for row in rows:  # start-up (spawn until training starts) and training fit in the whole process

@@ -8,7 +8,11 @@ same spec at each `--staleness` (maxStaleness). Each runs as its own process, ti
 exit. The table: s/step over the steps trained, samples/s, the ratio to the baseline, where a step
 goes, and the whole process with start-up and the rest (shutdown) apart.
 
-    python benchmarks/overhead/run.py [--steps 100] [--staleness 0,1] [--job examples/arithmetic.yaml]
+On 2 cores the pools share them, and one round's ratio swings (0.84–1.42× at maxStaleness 1 in three
+rounds): `--repeat N` runs N rounds, each with its own baseline, prints each round's table, then the
+median and range of each run's ratio and of its whole process over its training.
+
+    python benchmarks/overhead/run.py [--steps 100] [--staleness 0,1] [--repeat 1] [--job examples/arithmetic.yaml]
 """
 
 from __future__ import annotations
@@ -231,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--staleness", default="0,1", help="maxStaleness of each rljob run, comma-separated")
+    parser.add_argument("--repeat", type=int, default=1, help="rounds, each with its own baseline")
     parser.add_argument("--job", type=Path, default=REPO / "examples" / "arithmetic.yaml")
     parser.add_argument("--one-process", type=Path, help=argparse.SUPPRESS)  # the baseline's own process
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
@@ -238,14 +243,38 @@ def main(argv: list[str] | None = None) -> int:
     if args.one_process:
         args.out.write_text(json.dumps(asyncio.run(one_process(args.one_process))))
         return 0
-    with tempfile.TemporaryDirectory(prefix="rljob-overhead-") as tmp:
-        results = [run_baseline(job_file(Path(tmp) / "base", args.job, args.steps), Path(tmp) / "base")]
-        for staleness in (int(s) for s in args.staleness.split(",")):
-            work = Path(tmp) / f"s{staleness}"
-            results.append(run_rljob(job_file(work, args.job, args.steps, staleness), work, staleness))
-    print(f"\n{args.steps} steps of {args.job.name} on this machine, each run its own process:\n")
-    print(table(results))
+    rounds = [one_round(args.job, args.steps, args.staleness) for _ in range(args.repeat)]
+    for number, results in enumerate(rounds, start=1):
+        where = f", round {number} of {len(rounds)}" if len(rounds) > 1 else ""
+        print(f"\n{args.steps} steps of {args.job.name} on this machine, each run its own process{where}:\n")
+        print(table(results))
+    if len(rounds) > 1:
+        print("\n" + summary(rounds))
     return 0
+
+
+def one_round(job: Path, steps: int, staleness: str) -> list[Result]:
+    """The baseline, then `rljob run` at each maxStaleness, one after the other."""
+    with tempfile.TemporaryDirectory(prefix="rljob-overhead-") as tmp:
+        results = [run_baseline(job_file(Path(tmp) / "base", job, steps), Path(tmp) / "base")]
+        for value in (int(s) for s in staleness.split(",")):
+            work = Path(tmp) / f"s{value}"
+            results.append(run_rljob(job_file(work, job, steps, value), work, value))
+    return results
+
+
+def summary(rounds: list[list[Result]]) -> str:
+    """Each run's ratio to its own round's baseline, and its whole process over its training: median (range)."""
+
+    def spread(values: list[float]) -> str:
+        return f"median {statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+    lines = [f"over {len(rounds)} rounds:"]
+    for column, first in enumerate(rounds[0]):
+        ratios = [r[column].samples_per_second / r[0].samples_per_second for r in rounds]
+        whole = [r[column].wall / r[column].train for r in rounds]
+        lines.append(f"- {first.name}: × one process {spread(ratios)}; whole ÷ training {spread(whole)}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
