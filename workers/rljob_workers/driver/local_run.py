@@ -18,6 +18,7 @@ from rljob_api import RLJob
 from rljob_api.workercfg import WorkerConfigs
 from rljob_workers.common.auth import JobToken, TokenError
 from rljob_workers.common.grpc_server import RunningServer, Service, start_server
+from rljob_workers.driver import summary
 from rljob_workers.driver.controller.elastic import ElasticRewardPool
 from rljob_workers.driver.controller.idle import IdleMeter
 from rljob_workers.driver.controller.loop import Controller
@@ -39,7 +40,6 @@ from rljob_workers.driver.reward_router import RewardRouter
 from rljob_workers.driver.rundir import lock_run_folders, starting_point
 from rljob_workers.driver.setup import SetupError, first_line
 from rljob_workers.driver.stopping import SignalStop
-from rljob_workers.driver.summary import REWARD_CURVE, RunEnd, plots, summary_lines, write_termination_message
 from rljob_workers.driver.supervisor import PoolSupervisor, Restart, RestartHistory, TrainerWatch, supervise
 
 log = logging.getLogger("rljob")
@@ -203,7 +203,7 @@ class LocalRun:
         started = time.monotonic()
         trainer = await self._start_pools(resume_dir)
         weight_sync, version = await self._sync_first_weights(trainer, int(state.get("policy_version", 0)))
-        self.jsonl = JsonlWriter(self.output / "metrics.jsonl")
+        self.jsonl = JsonlWriter(self.output / summary.METRICS_JSONL)
         self.controller = controller = Controller(
             config=c.controller,
             prompts=prompts,
@@ -353,8 +353,8 @@ class LocalRun:
         return {pool: meter.fraction() for pool, meter in self.idle.items()}
 
     def _summary(self, rc: int, view: RunView, reports: list[StepReport]) -> None:
-        write_termination_message(final_status_message(view.snapshot()))
-        end = RunEnd(
+        summary.write_termination_message(final_status_message(view.snapshot()))
+        end = summary.RunEnd(
             rc,
             self.output,
             message=view.message,
@@ -364,11 +364,11 @@ class LocalRun:
             scored=self.elastic.scored_by_replica() if self.elastic is not None else None,
             trained=bool(reports),
         )
-        if plots(end):  # drawn while Ray shuts down, which mostly waits on its processes (see _shutdown)
+        if summary.plots(end):  # drawn while Ray shuts down, which mostly waits on its processes (see _shutdown)
             title = f"rljob run: {self.job.metadata.name}"
-            jsonl, png = self.output / "metrics.jsonl", self.output / REWARD_CURVE
+            jsonl, png = self.output / summary.METRICS_JSONL, self.output / summary.REWARD_CURVE
             self.plotting = asyncio.get_running_loop().run_in_executor(None, plot_rewards, jsonl, png, title)
-        print("\n".join(summary_lines(end)), flush=True)
+        print("\n".join(summary.summary_lines(end)), flush=True)
 
     async def _shutdown(self) -> None:
         try:

@@ -14,6 +14,7 @@ from typing import IO, Any
 from rljob_api.workercfg import WorkerConfigs
 from rljob_workers.driver.controller.data import PromptSource, load_prompts
 from rljob_workers.driver.setup import SetupError
+from rljob_workers.driver.summary import METRICS_JSONL
 from rljob_workers.trainer import checkpoint
 
 LOCK_FILE = ".rljob.lock"
@@ -117,5 +118,5 @@ def starting_point(
     prompts = load_prompts(data.path, data.prompt_field, data.fields, configs.controller.algorithm.seed, data.shuffle)
     if state:
         prompts.restore(state["data"])
-    cut_metrics_after(output / "metrics.jsonl", int(state.get("step", 0)))
+    cut_metrics_after(output / METRICS_JSONL, int(state.get("step", 0)))
     return resume_dir, state, prompts

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from rljob_api.workercfg import TERMINATION_LOG_ENV
 
+METRICS_JSONL = "metrics.jsonl"  # one line per train step, in the run's output folder
 REWARD_CURVE = "reward-curve.png"
 
 
@@ -47,11 +48,11 @@ def summary_lines(end: RunEnd) -> list[str]:
     if end.scored is not None:
         lines.append("reward scored: " + ", ".join(f"{n} {k}" for n, k in end.scored.items()))
     if plots(end):
-        lines.append(f"metrics:      {end.output / 'metrics.jsonl'}")
+        lines.append(f"metrics:      {end.output / METRICS_JSONL}")
         lines.append(f"reward curve: {end.output / REWARD_CURVE}")
     return lines
 
 
 def plots(end: RunEnd) -> bool:
     """Whether the run has a reward curve to draw."""
-    return end.trained and (end.output / "metrics.jsonl").exists()
+    return end.trained and (end.output / METRICS_JSONL).exists()
