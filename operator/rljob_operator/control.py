@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import grpc
@@ -23,20 +24,35 @@ RECONNECT_OPTIONS = (
 )
 
 
+Key = tuple[str, str]  # (namespace, RLJob name)
+
+
 class ControlClients:
-    """One channel per controller address, reused across polls."""
+    """One channel per RLJob, reused across its polls.
+
+    Per job, not per address: forgetting a deleted job closes its channel, and a closed channel cancels
+    the calls in flight on it. Shared by address (two jobs' controllers at one address, as the e2e
+    tests' stand-in is), that cancelled another job's poll, and its CancelledError ended the poller.
+    """
 
     def __init__(self, timeout_seconds: float) -> None:
         self.timeout = timeout_seconds
-        self._channels: dict[str, aio.Channel] = {}
+        self._channels: dict[Key, tuple[str, aio.Channel]] = {}  # job -> (address, channel)
 
-    async def snapshot(self, address: str, token: str) -> control_pb.JobStatus | None:
+    def _channel(self, job: Key, address: str) -> aio.Channel:
+        known = self._channels.get(job)
+        if known is not None and known[0] == address:
+            return known[1]
+        channel = aio.insecure_channel(address, options=RECONNECT_OPTIONS)
+        self._channels[job] = (address, channel)
+        if known is not None:  # the job's controller moved: the old channel serves no one now
+            asyncio.get_running_loop().create_task(known[1].close(grace=self.timeout))
+        return channel
+
+    async def snapshot(self, job: Key, address: str, token: str) -> control_pb.JobStatus | None:
         """The controller's status, or None if it does not answer in time (not up yet, gone, unreachable).
         `token` is the job's (its Secret): the ControlService answers no one without it."""
-        channel = self._channels.get(address)
-        if channel is None:
-            channel = self._channels[address] = aio.insecure_channel(address, options=RECONNECT_OPTIONS)
-        stub = control_grpc.ControlServiceStub(channel)
+        stub = control_grpc.ControlServiceStub(self._channel(job, address))
         try:
             response = await stub.GetJobStatus(
                 control_pb.GetJobStatusRequest(), timeout=self.timeout, metadata=(("authorization", f"Bearer {token}"),)
@@ -48,11 +64,13 @@ class ControlClients:
             return None
         return response.status
 
-    async def forget(self, address: str) -> None:
-        channel = self._channels.pop(address, None)
-        if channel is not None:
-            await channel.close(grace=None)
+    async def forget(self, job: Key) -> None:
+        """Close a deleted job's channel. A poll of the job still in flight ends by its own deadline: a
+        close without grace would cancel it, raising CancelledError into the poller."""
+        known = self._channels.pop(job, None)
+        if known is not None:
+            await known[1].close(grace=self.timeout)
 
     async def close(self) -> None:
-        for address in list(self._channels):
-            await self.forget(address)
+        for job in list(self._channels):
+            await self.forget(job)

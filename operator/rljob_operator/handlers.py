@@ -85,11 +85,7 @@ async def remember(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: 
     ctx: Context = memo["rljob"]
     key = (body.metadata.namespace or "default", body.metadata.name or "")
     if event.get("type") == "DELETED":
-        try:
-            job = parse_job(body)
-        except RLJobInvalid:
-            job = None
-        await ctx.forget(key, job)
+        await ctx.forget(key)
     else:
         ctx.jobs[key] = dict(body)
 
@@ -142,7 +138,7 @@ async def poll_job(ctx: Context, key: tuple[str, str], body: dict[str, Any], ful
     except Exception:
         log.exception("refreshing %s/%s", *key)
     if key not in ctx.jobs:  # its DELETED event came while it was refreshed: undo what the refresh kept
-        await ctx.forget(key, job)
+        await ctx.forget(key)
 
 
 async def poll_forever(ctx: Context) -> None:
@@ -166,6 +162,12 @@ async def poll_forever(ctx: Context) -> None:
             keys = ctx.poked & set(ctx.jobs)
         ctx.poked.clear()
         ctx.wake.clear()
-        await asyncio.gather(*(poll(key, ctx.jobs[key], full) for key in keys if key in ctx.jobs))
+        polled = [key for key in keys if key in ctx.jobs]
+        # return_exceptions: a poll that ended abnormally (a CancelledError it did not ask for, above all)
+        # must not end the poller, or no RLJob's status would change again.
+        ended = await asyncio.gather(*(poll(key, ctx.jobs[key], full) for key in polled), return_exceptions=True)
+        for key, outcome in zip(polled, ended, strict=True):
+            if isinstance(outcome, BaseException):
+                log.error("refreshing %s/%s ended abnormally: %r; tried again next round", *key, outcome)
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(ctx.wake.wait(), timeout=max(0.0, next_full - loop.time()))

@@ -129,13 +129,12 @@ class Context:
         for table in (self.last, self.snapshots, self.desired, self.pools, self.tokens):
             table.pop(key, None)  # type: ignore[attr-defined]
 
-    async def forget(self, key: Key, job: RLJob | None) -> None:
+    async def forget(self, key: Key) -> None:
         self.drop(key)
         for table in (self.jobs, self.locks):
             table.pop(key, None)  # type: ignore[attr-defined]
         self.metrics.forget(key)
-        if job is not None:
-            await self.control.forget(self.control_address(job))
+        await self.control.forget(key)
 
 
 def key_of(job: RLJob) -> Key:
@@ -289,7 +288,7 @@ async def poll_controller_of(
         return final_snapshot(driver), False  # the last step, reward and checkpoint, once it ended
     if poll or key not in ctx.snapshots:
         token = await job_token(ctx, job)
-        ctx.snapshots[key] = await ctx.control.snapshot(ctx.control_address(job), token) if token else None
+        ctx.snapshots[key] = await ctx.control.snapshot(key, ctx.control_address(job), token) if token else None
         return ctx.snapshots[key], True
     return ctx.snapshots[key], False
 

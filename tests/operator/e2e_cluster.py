@@ -316,14 +316,17 @@ def skip_without_binaries() -> pytest.MarkDecorator:
 
 
 class FakeControl(control_grpc.ControlServiceServicer):
-    """Answers GetJobStatus with `status`, or UNAVAILABLE while it is None (no controller up)."""
+    """Answers GetJobStatus with `status`, or UNAVAILABLE while it is None (no controller up), after
+    `delay` seconds (a busy controller: each poll is in flight that long)."""
 
     def __init__(self) -> None:
         self.status: control_pb.JobStatus | None = None
+        self.delay = 0.0
         self.tokens: set[str] = set()  # the bearer tokens callers sent
 
     def GetJobStatus(self, request: Any, context: grpc.ServicerContext) -> control_pb.GetJobStatusResponse:
         self.tokens |= {str(v) for k, v in context.invocation_metadata() if k == "authorization"}
+        time.sleep(self.delay)
         if self.status is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "controller not running")
         return control_pb.GetJobStatusResponse(status=self.status)

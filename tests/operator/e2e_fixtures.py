@@ -82,6 +82,6 @@ def ns(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture
 def fake(control: tuple[FakeControl, int]) -> Iterator[FakeControl]:
-    control[0].status = None
+    control[0].status, control[0].delay = None, 0.0
     yield control[0]
-    control[0].status = None
+    control[0].status, control[0].delay = None, 0.0

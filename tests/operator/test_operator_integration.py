@@ -44,7 +44,7 @@ from rljob_operator.control import ControlClients
 from rljob_operator.handlers import poll_job
 from rljob_operator.kube import Kube
 from rljob_operator.metrics import OperatorMetrics
-from rljob_operator.reconciler import Context, parse_job
+from rljob_operator.reconciler import Context
 from rljob_operator.rights import CLUSTER_RIGHTS, RIGHTS, verbs_by_resource
 
 pytestmark = skip_without_binaries()
@@ -244,7 +244,7 @@ def test_a_job_deleted_while_polled_leaves_no_error_and_nothing_remembered(
         raced.jobs[key] = body
         polling = asyncio.create_task(poll_job(raced, key, body, full=True))
         await asyncio.sleep(0)  # the refresh is now waiting on the API server
-        await raced.forget(key, parse_job(body))  # what the `remember` handler does on DELETED
+        await raced.forget(key)  # what the `remember` handler does on DELETED
         await polling
         cluster.kubectl("delete", "rljob", "vanish", "-n", ns, "--wait=true")
         kube.close()
@@ -258,6 +258,33 @@ def test_a_job_deleted_while_polled_leaves_no_error_and_nothing_remembered(
         assert key not in ctx.last and key not in ctx.snapshots, (ctx.last, ctx.snapshots)
     assert 'rljob="vanish"' not in text, text  # no job series left behind
     assert 'rljob_operator_jobs{phase="Pending"} 0.0' in text, text
+
+
+def test_deleting_rljobs_while_another_is_polled(
+    cluster: Cluster, operator: OperatorProcess, fake: FakeControl, ns: str
+) -> None:
+    """Deleting an RLJob closed the controller channel of its address, which the stand-in's jobs share;
+    a poll of another job in flight on it raised CancelledError, which ended the operator's poller: no
+    status changed again (stop 26's CI, the scale test). Each poll here is in flight for 0.3 s of the
+    1 s interval, and six jobs are deleted, one every 0.35 s."""
+    cluster.apply(rljob("polled", ns))
+    wait_for("pools ready", lambda: pools_ready(cluster, "polled", ns))
+    run_pods(cluster, "polled", ns)
+    wait_for("phase Running", lambda: phase_is(cluster, "polled", ns, "Running"))
+    doomed = [f"doomed-{i}" for i in range(6)]
+    cluster.kubectl("apply", "-f", "-", input="\n---\n".join(json.dumps(rljob(n, ns)) for n in doomed))
+    for name in doomed:
+        wait_for(f"{name} seen by the operator", lambda name=name: (cluster.get("rljob", name, ns) or {}).get("status"))
+    fake.delay = 0.3
+    fake.status = control_pb.JobStatus(phase=control_pb.RUN_PHASE_RUNNING, step=5, total_steps=60)
+    wait_for("step 5", lambda: status_where(cluster, "polled", ns, lambda s: s.get("step") == 5))
+    for name in doomed:
+        cluster.kubectl("delete", "rljob", name, "-n", ns, "--wait=false")
+        time.sleep(0.35)
+    fake.status = control_pb.JobStatus(phase=control_pb.RUN_PHASE_RUNNING, step=6, total_steps=60)
+    wait_for("step 6 after the deletions", lambda: status_where(cluster, "polled", ns, lambda s: s.get("step") == 6))
+    errors = [line for line in operator.metrics().splitlines() if line.startswith("rljob_operator_errors_total{")]
+    assert not [line for line in errors if "CancelledError" in line], errors
 
 
 def test_operator_restart_mid_reconcile_creates_no_duplicates(

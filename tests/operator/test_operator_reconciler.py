@@ -120,10 +120,10 @@ class FakeControl:
     def __init__(self) -> None:
         self.status: control_pb.JobStatus | None = None
 
-    async def snapshot(self, address: str, token: str) -> control_pb.JobStatus | None:
+    async def snapshot(self, job: tuple[str, str], address: str, token: str) -> control_pb.JobStatus | None:
         return self.status
 
-    async def forget(self, address: str) -> None:
+    async def forget(self, job: tuple[str, str]) -> None:
         pass
 
 
