@@ -35,6 +35,9 @@ def render_command(argv: Sequence[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # gRPC core logs at INFO by default (a line per controller channel closed under a poll); read when
+    # grpc is first imported, which nothing above does. GRPC_VERBOSITY=INFO still turns it on.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["render"]:
         return render_command(args[1:])

@@ -130,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # gRPC core logs at INFO by default (grpcio 1.85): every run ended with a "Got goaway" line when Ray
+    # stopped the pools' servers. Read once, when grpc is first imported (no import above does it);
+    # GRPC_VERBOSITY=INFO or DEBUG in the environment still turns it on.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     args = build_parser().parse_args(argv)
     return int(args.fn(args))
 
