@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 import grpc
@@ -39,20 +38,19 @@ class ControlClients:
         self.timeout = timeout_seconds
         self._channels: dict[Key, tuple[str, aio.Channel]] = {}  # job -> (address, channel)
 
-    def _channel(self, job: Key, address: str) -> aio.Channel:
+    async def _channel(self, job: Key, address: str) -> aio.Channel:
         known = self._channels.get(job)
         if known is not None and known[0] == address:
             return known[1]
+        await self.forget(job)  # the job's controller moved: its old channel serves no one now
         channel = aio.insecure_channel(address, options=RECONNECT_OPTIONS)
         self._channels[job] = (address, channel)
-        if known is not None:  # the job's controller moved: the old channel serves no one now
-            asyncio.get_running_loop().create_task(known[1].close(grace=self.timeout))
         return channel
 
     async def snapshot(self, job: Key, address: str, token: str) -> control_pb.JobStatus | None:
         """The controller's status, or None if it does not answer in time (not up yet, gone, unreachable).
         `token` is the job's (its Secret): the ControlService answers no one without it."""
-        stub = control_grpc.ControlServiceStub(self._channel(job, address))
+        stub = control_grpc.ControlServiceStub(await self._channel(job, address))
         try:
             response = await stub.GetJobStatus(
                 control_pb.GetJobStatusRequest(), timeout=self.timeout, metadata=(("authorization", f"Bearer {token}"),)
