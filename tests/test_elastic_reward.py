@@ -50,7 +50,13 @@ async def scenario() -> tuple[list[int], list[str], int, int]:
     name, address = await pool.add()
     await router.add_replica(name, address)
     sent = 0
-    scaling = ScalingSpec(target_backlog_per_replica=4, cooldown_seconds=0.0, max_step_up=2, interval_seconds=0.05)
+    scaling = ScalingSpec(
+        target_backlog_per_replica=4,
+        cooldown_seconds=0.0,
+        max_step_up=2,
+        interval_seconds=0.05,
+        scale_down_window_seconds=0,
+    )
     elastic = ElasticRewardPool(router, pool, ReplicaRange(min=1, max=4), scaling, arrivals=lambda: sent)
     sizes: list[int] = []
     scores: list[sample_pb2.SampleScore] = []
@@ -88,3 +94,37 @@ def test_burst_scales_up_then_idle_drains_down_without_losing_a_score():
     assert all(1 <= s <= 4 for s in sizes)
     assert scored == unique == 48
     assert len(stopped) >= 3
+
+
+def timed(i: int, delay: float) -> sample_pb2.RewardSample:
+    return sample_pb2.RewardSample(sample_id=f"t{i}/0", prompt_id=f"t{i}", completion="x", fields={"delay": str(delay)})
+
+
+async def latency_after_a_slow_stretch() -> tuple[float | None, float | None]:
+    """Two replicas score a slow stretch (0.3 s a sample) together, then fast samples one at a time: the router
+    gives each to the replica with the lower latency, so the other scores none and keeps its 0.3 s. What
+    latency does the policy see, during the stretch and after it?"""
+    router, pool = RewardRouter(replica_timeout=10.0), ServerPool()
+    for _ in range(2):
+        await router.add_replica(*(await pool.add()))
+    elastic = ElasticRewardPool(router, pool, ReplicaRange(min=1, max=2), ScalingSpec(), arrivals=lambda: 0)
+    try:
+        await router.score_many([timed(i, 0.3) for i in range(8)])
+        during = elastic.observe(1.0).latency_seconds
+        for i in range(8, 28):
+            await router.score(timed(i, 0.0))
+        scored = {name: r.scored for name, r in router.stats().replicas.items()}
+        assert sorted(scored.values())[0] == 4, scored  # one replica had none of the fast samples
+        return during, elastic.observe(2.0).latency_seconds
+    finally:
+        await router.close()
+        for name in list(pool.actors):
+            await pool.stop(name)
+
+
+def test_the_policy_sees_the_latency_of_the_samples_answered_lately():
+    """The mean over the samples answered since the last look, not the replicas' own averages (one of which
+    would still say 0.3 s: half the stretch's latency, held after it, kept the pool up on the real node)."""
+    during, after = asyncio.run(asyncio.wait_for(latency_after_a_slow_stretch(), 30))
+    assert during is not None and 0.3 <= during < 0.45, during
+    assert after is not None and after < 0.05, after

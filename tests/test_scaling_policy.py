@@ -166,3 +166,45 @@ def test_a_backlog_that_outlasts_the_interval_scales_up() -> None:
     slow = ScalingObservation(now=100, backlog=128, arrival_rate=20, latency_seconds=0.6, replicas=1)
     decision = decide(ScalingState(), slow, ReplicaRange(min=1, max=10), spec)
     assert (decision.replicas, decision.wanted) == (7, 7), decision.reason
+
+
+def real_node_trace(t: float) -> ScalingObservation:
+    """The real-node elastic run's slow stretch (0.6 s a sample, 128 samples a step, 1.6 s a step on three
+    replicas), as the driver saw it each second: the pool full, except for the second each step when rollout
+    waits for the trainer and only a step's tail is left. From t=40 the judge is fast again (10 ms)."""
+    if t >= 40:
+        return ScalingObservation(t, backlog=20, arrival_rate=100, latency_seconds=0.01, replicas=0)
+    if int(t) % 2:
+        return ScalingObservation(t, backlog=12, arrival_rate=0, latency_seconds=0.6, replicas=0)
+    return ScalingObservation(t, backlog=150, arrival_rate=128, latency_seconds=0.6, replicas=0)
+
+
+def replay_each_second(spec: ScalingSpec, seconds: int) -> list[tuple[float, ScalingDecision]]:
+    state, replicas, out = ScalingState(), 3, []
+    for t in range(seconds):
+        obs = real_node_trace(float(t))
+        decision = decide(state, ScalingObservation(obs.now, obs.backlog, obs.arrival_rate, obs.latency_seconds,
+                                                    replicas), ReplicaRange(min=1, max=3), spec)  # fmt: skip
+        out.append((float(t), decision))
+        state, replicas = decision.state, decision.replicas
+    return out
+
+
+REAL_NODE = ScalingSpec(
+    target_backlog_per_replica=12, interval_seconds=1, cooldown_seconds=5, max_step_up=3, max_step_down=2
+)
+
+
+def test_a_dip_between_two_steps_keeps_the_replicas_the_next_step_needs() -> None:
+    """On the real node a one-second dip mid-stretch shed a replica whose pod took 10 s to come back. Within
+    the scale-down window the pool holds; once the judge is fast for a whole window, it sheds both at once."""
+    decisions = replay_each_second(REAL_NODE.model_copy(update={"scale_down_window_seconds": 4}), 60)
+    assert changes(decisions) == [(38.0 + 4, 3, 1)], changes(decisions)  # 4 s after the last full second
+    held = dict(decisions)[41.0]
+    assert "fits 3 (the most over the last 4s; 1 now)" in held.reason, held.reason
+
+
+def test_without_a_window_the_dip_sheds_a_replica() -> None:
+    """The same trace with no window: the first dip scales down (the defect the window fixes)."""
+    decisions = replay_each_second(REAL_NODE.model_copy(update={"scale_down_window_seconds": 0}), 40)
+    assert changes(decisions)[0] == (1.0, 3, 1)

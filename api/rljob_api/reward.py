@@ -197,6 +197,12 @@ class ScalingSpec(Model):
     max_step_up: int = Field(4, description="Most replicas added in one decision.", ge=1)
     max_step_down: int = Field(1, description="Most replicas removed in one decision.", ge=1)
     interval_seconds: float = Field(5.0, description="How often the policy runs.", gt=0)
+    scale_down_window_seconds: float = Field(
+        30.0,
+        description="Scale down only to the most replicas the load asked for over this many seconds, so a "
+        "dip shorter than the window (the pipeline between two steps) keeps the replicas the next step needs.",
+        ge=0,
+    )
 
 
 class RewardSpec(Placement):

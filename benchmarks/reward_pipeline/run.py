@@ -143,6 +143,7 @@ def job_doc(config: Config, args: argparse.Namespace, work: Path) -> dict[str, A
             "targetBacklogPerReplica": args.in_flight * args.target_fill,
             "intervalSeconds": args.scale_interval,
             "cooldownSeconds": args.cooldown,
+            "scaleDownWindowSeconds": args.scale_down_window,
             "maxStepUp": args.replicas,
             "maxStepDown": 1,
         },
@@ -230,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-fill", type=float, default=0.75, help="elastic target backlog ÷ maxInFlight")
     parser.add_argument("--scale-interval", type=float, default=0.5)
     parser.add_argument("--cooldown", type=float, default=3.0)
+    parser.add_argument("--scale-down-window", type=float, default=3.0, help="scaleDownWindowSeconds")
     parser.add_argument("--model", type=Path, default=MODEL, help="model directory (built if missing)")
     parser.add_argument("--data", type=Path, default=DATA, help="prompts, JSON lines (written if missing)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")

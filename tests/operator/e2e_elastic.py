@@ -9,6 +9,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +56,10 @@ def judged_job(namespace: str, image: str, name: str, steps: int, replicas: tupl
         functions=[{"name": "judge", "kind": "rule", "rule": {"function": JUDGE}}],
         replicas={"min": replicas[0], "max": replicas[1]},
         maxInFlightPerReplica=IN_FLIGHT,
-        # Pods take seconds to start: add as many as the load asks for at once, shed one at a time.
+        # Pods take seconds to start: add as many as the load asks for at once; shed them once the load has
+        # been low for a whole window (longer than the dip between two steps), all at once.
         scaling={"targetBacklogPerReplica": IN_FLIGHT * 0.75, "intervalSeconds": 1, "cooldownSeconds": 5,
-                 "maxStepUp": replicas[1], "maxStepDown": 1},
+                 "scaleDownWindowSeconds": 5, "maxStepUp": replicas[1], "maxStepDown": replicas[1]},
     )  # fmt: skip
     return doc
 
@@ -79,6 +81,7 @@ class PoolWatch:
     job: str
     samples: list[Sample] = field(default_factory=list)
     pods_seen: set[str] = field(default_factory=set)
+    starts: dict[str, dict[str, str]] = field(default_factory=dict)  # pod -> milestone -> RFC 3339 time
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def start(self) -> PoolWatch:
@@ -96,6 +99,8 @@ class PoolWatch:
             pods = self.cluster.objects("pods", self.namespace, f"rljob.io/job={self.job},rljob.io/pool=reward")
             running = [p["metadata"]["name"] for p in pods if _running(p)]
             self.pods_seen.update(p["metadata"]["name"] for p in pods)
+            for pod in pods:
+                self.starts.setdefault(pod["metadata"]["name"], {}).update(_milestones(pod))
             status = (self.cluster.get("rlj", self.job, self.namespace) or {}).get("status") or {}
             desired = ((status.get("pools") or {}).get("reward") or {}).get("desired")
             step = int(status.get("step") or 0)
@@ -129,6 +134,40 @@ class PoolWatch:
                 lines.append(f"t={s.at:5.1f}s step {s.step:3d}: {len(s.running)} reward pods up, wanted {s.desired}")
                 seen = (len(s.running), s.desired)
         return lines
+
+    def start_lines(self) -> list[str]:
+        """Each reward pod's start, from its creation: 'reward pod x: init done +3s, Ray container +4s'."""
+        lines = []
+        for pod, marks in sorted(self.starts.items(), key=lambda item: item[1].get("created", "")):
+            if "created" not in marks:
+                continue
+            created = _seconds(marks["created"])
+            after = [f"{what} +{_seconds(at) - created:.0f}s" for what, at in marks.items() if what != "created"]
+            lines.append(f"{pod}: created {marks['created']}, " + ", ".join(after))
+        return lines
+
+
+def _milestones(pod: dict[str, Any]) -> dict[str, str]:
+    """When the pod was created, its init containers finished and its main container started (as the API has them)."""
+    status = pod.get("status") or {}
+    marks = {"created": pod["metadata"]["creationTimestamp"]}
+    for init in status.get("initContainerStatuses") or ():
+        if finished := ((init.get("state") or {}).get("terminated") or {}).get("finishedAt"):
+            marks[f"{init['name']} done"] = finished
+    for main in status.get("containerStatuses") or ():
+        if started := ((main.get("state") or {}).get("running") or {}).get("startedAt"):
+            marks[f"{main['name']} started"] = started
+    return marks
+
+
+def _seconds(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def scaling_lines(driver_log: str) -> list[str]:
+    """The driver's decisions with their reasons ('reward pool 1 -> 3: scale up ...') and its 'reward replica
+    reward-1 serving at ..., 8.4s after the decision' lines."""
+    return re.findall(r"reward (?:pool \d+ -> \d+: |replica \S+ serving at ).*$", driver_log, re.MULTILINE)
 
 
 def _running(pod: dict[str, Any]) -> bool:

@@ -39,6 +39,7 @@ from e2e_elastic import (
     drained_pods,
     elastic_table,
     judged_job,
+    scaling_lines,
     scored_by_replica,
     write_judged_data,
 )
@@ -223,6 +224,7 @@ def test_reward_pool_grows_and_shrinks_with_its_backlog(setup: Setup) -> None:
     for name, replicas in POOLS.items():
         runs[name], watches[name], logs[name], scaled[name] = _judged_run(setup, name, replicas)
         print(f"\n{name} reward pool {replicas}:\n  " + "\n  ".join(watches[name].changes()), flush=True)
+        print("  " + "\n  ".join(watches[name].start_lines() + scaling_lines(logs[name])), flush=True)
     elastic, fixed = runs["elastic"], runs["fixed"]
     print("\n" + elastic_table(elastic, fixed))
     grown = watches["elastic"]

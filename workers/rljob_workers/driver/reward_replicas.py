@@ -38,6 +38,7 @@ class ReplicaSet:
         self._closed = False
         self.duplicates_dropped = 0
         self.service_seconds = 0.0
+        self.answered = 0  # samples answered by a replica, over which service_seconds is summed
 
     async def add_replica(self, name: str, address: str, *, max_in_flight: int | None = None) -> None:
         """Open a Score stream to `address`; its limit comes from Info unless given."""
@@ -127,6 +128,7 @@ class ReplicaSet:
         seconds = time.monotonic() - entry.sent_at
         replica.observe(seconds)
         self.service_seconds += seconds
+        self.answered += 1
         entry.future.set_result(score)
         self._slot_freed()
 

@@ -274,5 +274,6 @@ class RewardRouter(ReplicaSet):
             duplicates_dropped=self.duplicates_dropped,
             waiting=self._waiting,
             service_seconds=self.service_seconds,
+            answered=self.answered,
             busy_seconds=self.busy.seconds(),
         )

@@ -52,6 +52,7 @@ class RouterStats:
     duplicates_dropped: int
     waiting: int
     service_seconds: float  # summed over answered samples: the reward work done so far
+    answered: int  # samples answered by a replica so far
     busy_seconds: float  # time any sample was outstanding on a replica
 
 

@@ -11,8 +11,11 @@ maximum. Before any latency is known the backlog itself is the load. The pool ai
 
 - up to ``ceil(load / target)`` replicas, at most ``maxStepUp`` more at once;
 - down only when the load would fit fewer replicas with ``DOWN_HEADROOM`` to spare
-  (``ceil(load / (target × DOWN_HEADROOM))``), at most ``maxStepDown`` fewer at once: the gap
-  between the two thresholds keeps a load at a boundary from flapping;
+  (``ceil(load / (target × DOWN_HEADROOM))``) at every observation of the last
+  ``scaleDownWindowSeconds``, at most ``maxStepDown`` fewer at once: the gap between the two
+  thresholds keeps a load at a boundary from flapping, and the window a dip (the pipeline between
+  two steps, when rollout waits for the trainer) from shedding a replica the next step needs again,
+  whose pod would take seconds to come back;
 - never outside ``min..max``, and no change within ``cooldownSeconds`` of the last one — except
   a pool of zero replicas with work waiting, which gets one at once, and a count outside
   ``min..max``, which is corrected at once.
@@ -46,9 +49,11 @@ class ScalingObservation:
 
 @dataclass(frozen=True)
 class ScalingState:
-    """What the policy remembers between calls: when it last changed the count."""
+    """What the policy remembers between calls: when it last changed the count, and the replicas the load
+    would have fitted at each observation within the scale-down window, as (now, replicas)."""
 
     last_change: float | None = None
+    fitted: tuple[tuple[float, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -79,15 +84,19 @@ def decide(state: ScalingState, obs: ScalingObservation, bounds: ReplicaRange, s
     load = load_of(obs, scaling.interval_seconds)
     need = math.ceil(load / target)
     up = _clamp(need, bounds)
-    down = _clamp(math.ceil(load / (target * DOWN_HEADROOM)), bounds)
+    fits_now = _clamp(math.ceil(load / (target * DOWN_HEADROOM)), bounds)
+    window = scaling.scale_down_window_seconds
+    fitted = (*((t, n) for t, n in state.fitted if obs.now - t < window), (obs.now, fits_now))
+    down = max(n for _, n in fitted)
     wanted = up if up > current else down if down < current else current
     why = f"load {load:g} ({_load_text(obs)}) at {target:g} per replica needs {need}"
     if need > bounds.max:
         why += f" (max {bounds.max})"
+    fits = f"fits {down}" + (f" (the most over the last {window:g}s; {fits_now} now)" if down > fits_now else "")
 
     def to(count: int, reason: str) -> ScalingDecision:
-        new_state = ScalingState(last_change=obs.now) if count != current else state
-        return ScalingDecision(count, current, _clamp(wanted, bounds), reason, new_state)
+        last_change = obs.now if count != current else state.last_change
+        return ScalingDecision(count, current, _clamp(wanted, bounds), reason, ScalingState(last_change, fitted))
 
     if not bounds.min <= current <= bounds.max:
         fixed = _clamp(current, bounds)
@@ -96,7 +105,7 @@ def decide(state: ScalingState, obs: ScalingObservation, bounds: ReplicaRange, s
         first = max(1, min(up, scaling.max_step_up))
         return to(first, f"scale up 0 → {first}: {why}")
     if wanted == current:
-        return to(current, f"hold {current}: {why}, fits {down}")
+        return to(current, f"hold {current}: {why}, {fits}")
     if state.last_change is not None and obs.now - state.last_change < scaling.cooldown_seconds:
         left = scaling.cooldown_seconds - (obs.now - state.last_change)
         return to(current, f"hold {current}: wants {wanted} ({why}), cooldown {left:.3g}s left")
@@ -106,7 +115,7 @@ def decide(state: ScalingState, obs: ScalingObservation, bounds: ReplicaRange, s
         return to(new, f"scale up {current} → {new}: {why}{capped}")
     new = max(current - scaling.max_step_down, wanted)
     capped = " (capped by maxStepDown)" if new > wanted else ""
-    return to(new, f"scale down {current} → {new}: {why}, fits {down}{capped}")
+    return to(new, f"scale down {current} → {new}: {why}, {fits}{capped}")
 
 
 def _clamp(count: int, bounds: ReplicaRange) -> int:

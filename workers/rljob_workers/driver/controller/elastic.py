@@ -40,10 +40,11 @@ class ElasticRewardPool:
     state: ScalingState = field(default_factory=ScalingState)
     desired: int = 0
     drained: deque[str] = field(default_factory=lambda: deque(maxlen=32))
-    decisions: list[ScalingDecision] = field(default_factory=list)
     retired: dict[str, int] = field(default_factory=dict)  # drained replica -> samples it scored
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held while the pool changes (supervision too)
-    _last: tuple[float, int] | None = None
+    _last: tuple[float, int] | None = None  # (when, samples sent to reward by then)
+    _answered: tuple[float, int] = (0.0, 0)  # (service seconds, samples answered) at the last look
+    _latency: float | None = None
 
     def backlog(self) -> int:
         """Samples waiting for a replica or being scored."""
@@ -52,16 +53,20 @@ class ElasticRewardPool:
 
     def observe(self, now: float) -> ScalingObservation:
         stats = self.router.stats()
-        live = [r for r in stats.replicas.values() if not r.draining]
         backlog = self.backlog()
         arrived = self.arrivals()
         rate = 0.0
         if self._last is not None and now > self._last[0]:
             rate = (arrived - self._last[1]) / (now - self._last[0])
         self._last = (now, arrived)
-        latencies = [r.latency_ewma_seconds for r in live if r.latency_ewma_seconds]
-        latency = sum(latencies) / len(latencies) if latencies else None
-        return ScalingObservation(now, backlog, rate, latency, len(self.pool.actors))
+        # The mean service time of the samples answered since the last look, whichever replica answered them;
+        # kept while none were. Not the replicas' own averages: one that gets no samples (the router favours
+        # the fastest) keeps the latency of its last ones, and a slow stretch long over held the pool up.
+        service, answered = self._answered
+        if stats.answered > answered:
+            self._latency = (stats.service_seconds - service) / (stats.answered - answered)
+        self._answered = (stats.service_seconds, stats.answered)
+        return ScalingObservation(now, backlog, rate, self._latency, len(self.pool.actors))
 
     async def step(self, now: float | None = None) -> ScalingDecision:
         """One observe-decide-apply round."""
@@ -71,13 +76,14 @@ class ElasticRewardPool:
     async def _step(self, now: float | None) -> ScalingDecision:
         decision = decide(self.state, self.observe(time.monotonic() if now is None else now), self.bounds, self.scaling)
         self.state, self.desired = decision.state, decision.replicas
-        self.decisions.append(decision)
         current = len(self.pool.actors)
         if decision.replicas > current:
             log.info("reward pool %d -> %d: %s", current, decision.replicas, decision.reason)
-            started = await asyncio.gather(*(self.pool.add() for _ in range(decision.replicas - current)))
-            for name, address in started:
+            started = await asyncio.gather(*(self._add() for _ in range(decision.replicas - current)))
+            for name, address, seconds in started:
                 await self.router.add_replica(name, address)
+                # On a cluster this is a pod's start (scheduled, created, Ray joined) and the replica's own.
+                log.info("reward replica %s serving at %s, %.1fs after the decision", name, address, seconds)
         elif decision.replicas < current:
             log.info("reward pool %d -> %d: %s", current, decision.replicas, decision.reason)
             for name in self._victims(current - decision.replicas):
@@ -87,6 +93,12 @@ class ElasticRewardPool:
                 self.retired[name] = scored
                 log.info("reward replica %s drained after scoring %d samples; %s stopped", name, scored, pod)
         return decision
+
+    async def _add(self) -> tuple[str, str, float]:
+        """A new replica's name and address, and the seconds it took to start."""
+        asked = time.monotonic()
+        name, address = await self.pool.add()
+        return name, address, time.monotonic() - asked
 
     def _victims(self, count: int) -> list[str]:
         """The least-loaded replicas, newest first among equals."""
