@@ -136,11 +136,10 @@ class PoolWatch:
         return lines
 
     def start_lines(self) -> list[str]:
-        """Each reward pod's start, from its creation: 'reward pod x: init done +3s, Ray container +4s'."""
+        """Each reward pod's start, from its creation: 'pod: created <time>, wait-gcs-ready done +9s, ray-worker
+        started +10s'."""
         lines = []
-        for pod, marks in sorted(self.starts.items(), key=lambda item: item[1].get("created", "")):
-            if "created" not in marks:
-                continue
+        for pod, marks in sorted(self.starts.items(), key=lambda item: item[1]["created"]):
             created = _seconds(marks["created"])
             after = [f"{what} +{_seconds(at) - created:.0f}s" for what, at in marks.items() if what != "created"]
             lines.append(f"{pod}: created {marks['created']}, " + ", ".join(after))

@@ -15,6 +15,7 @@ from typing import Protocol
 
 from rljob_api.reward import ReplicaRange, ScalingSpec
 from rljob_workers.driver.reward_router import RewardRouter
+from rljob_workers.driver.reward_stream import RouterStats
 from rljob_workers.driver.scaling import ScalingDecision, ScalingObservation, ScalingState, decide
 
 log = logging.getLogger(__name__)
@@ -48,12 +49,11 @@ class ElasticRewardPool:
 
     def backlog(self) -> int:
         """Samples waiting for a replica or being scored."""
-        stats = self.router.stats()
-        return stats.waiting + sum(r.outstanding for r in stats.replicas.values())
+        return _backlog(self.router.stats())
 
     def observe(self, now: float) -> ScalingObservation:
         stats = self.router.stats()
-        backlog = self.backlog()
+        backlog = _backlog(stats)
         arrived = self.arrivals()
         rate = 0.0
         if self._last is not None and now > self._last[0]:
@@ -117,6 +117,10 @@ class ElasticRewardPool:
 
     def ready(self) -> int:
         return sum(1 for r in self.router.stats().replicas.values() if not r.draining)
+
+
+def _backlog(stats: RouterStats) -> int:
+    return stats.waiting + sum(r.outstanding for r in stats.replicas.values())
 
 
 def _index(name: str) -> int:
