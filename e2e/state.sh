@@ -60,8 +60,22 @@ launch_exe() { # component executable args...
   # setsid: own session and process group, so the component survives this script, ignores
   # its terminal, and stop_all can signal it together with any children it forked.
   setsid "${exe}" "$@" >"${LOGS}/${name}.log" 2>&1 </dev/null &
-  echo $! >"${PIDS}/${name}.pid"
-  log "${name} started (pid $!, log ${LOGS}/${name}.log)"
+  local pid=$!
+  echo "${pid}" >"${PIDS}/${name}.pid"
+  wait_exec "${pid}" "${exe}"
+  log "${name} started (pid ${pid}, log ${LOGS}/${name}.log)"
+}
+
+wait_exec() { # pid exe : until the forked child runs exe (or has exited)
+  # Until its exec, the child runs this script's command line, and pid_of would call a component
+  # that a loaded machine is slow to start dead.
+  local pid="$1" exe="$2" cmdline deadline=$((SECONDS + TIMEOUT))
+  while ((SECONDS <= deadline)); do
+    cmdline="$(tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null)" || return 0
+    # empty: it has exited already (a zombie); alive/pid_of will say so, with its log
+    [[ -z "${cmdline}" || "${cmdline}" == *"${exe} "* ]] && return 0
+    sleep 0.05
+  done
 }
 
 wait_for() { # what component command... (component: the process that must stay alive, or -)
