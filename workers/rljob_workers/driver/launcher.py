@@ -57,7 +57,7 @@ def init_local_ray(
             if RAY_START_TIMED_OUT not in str(exc) or attempt == RAY_START_ATTEMPTS:
                 raise
             log.warning("Ray's node did not come up (%s); starting Ray again", str(exc).split(". ")[0])
-            ray.shutdown()
+            shutdown_ray()
 
 
 @contextlib.contextmanager
@@ -73,6 +73,19 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def shutdown_ray() -> None:
+    """ray.shutdown(), without its 1 s wait on the autoscaler monitor. Ray stops the GCS before the
+    monitor, whose SIGTERM handler then reports to the dead GCS until Ray kills it a second later:
+    1 s of every local run's end. A local node has nothing to autoscale, so the monitor goes first,
+    by SIGKILL (its handler would publish an "autoscaler failed" error to this driver). Ray has no
+    public hook for it; a Ray without this private one just takes the second."""
+    node = getattr(ray._private.worker, "_global_node", None)
+    if node is not None:  # a driver connected to a cluster's Ray owns no processes: this kills nothing
+        with contextlib.suppress(Exception):
+            node.kill_monitor(check_alive=False)
+    ray.shutdown()
 
 
 def _start_ray(cpus: int, resources: dict[Pool, int]) -> None:

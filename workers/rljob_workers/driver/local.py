@@ -101,7 +101,9 @@ def _check_models_and_import(job: RLJob) -> None:
 def _stop_ray() -> None:
     """Stop a Ray node this process started (none on a cluster, or before the checks passed)."""
     if "ray" in sys.modules:
-        sys.modules["ray"].shutdown()
+        from rljob_workers.driver.launcher import shutdown_ray
+
+        shutdown_ray()
 
 
 def _run_with_restarts(args: argparse.Namespace, job: RLJob, configs: WorkerConfigs, output: Path) -> int:

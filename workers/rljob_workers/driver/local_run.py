@@ -33,6 +33,7 @@ from rljob_workers.driver.launcher import (
     init_local_ray,
     reward_pool,
     rollout_pool,
+    shutdown_ray,
     worker_env,
 )
 from rljob_workers.driver.metrics import JsonlWriter, RunMetrics, plot_rewards
@@ -380,7 +381,7 @@ class LocalRun:
             # Its port is free again for a restart in this process. In a thread: the HTTP server's
             # shutdown waits out its 0.5 s poll, as long as Ray's own shutdown.
             closed = asyncio.get_running_loop().run_in_executor(None, self.metrics.close)
-            ray.shutdown()  # ends every pool process Ray started, whatever state it is in
+            shutdown_ray()  # ends every pool process Ray started, whatever state it is in
             await closed
             if self.plotting is not None:
                 await self.plotting
