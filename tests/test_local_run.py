@@ -118,6 +118,19 @@ def test_synchronous_run_trains_on_policy(assets, tmp_path):
     assert_each_prompt_trained_once(run.reports, 4, 4)
 
 
+def test_frozen_layers_stay_out_of_the_sync_and_the_replica_still_samples_the_trained_policy(assets, tmp_path):
+    """spec.trainer.freeze: each sync sends only the trained weights. On policy (maxStaleness 0) the
+    rollout's log-probs are the trainer's own only if the replica's weights equal the trainer's, frozen
+    ones (as loaded) and trained ones (as synced) alike: every step's ratio is 1."""
+    doc = job_doc(assets, tmp_path, maxStaleness=0, totalSteps=4)
+    doc["spec"]["trainer"]["freeze"] = ["model.embed_tokens.*", "model.layers.0.*"]
+    rc, run = run_job(doc, tmp_path)
+    assert rc == 0
+    ratios = [r.train_metrics["ratio_mean"] for r in run.reports]
+    print(f"ratio_mean per step: {ratios}")
+    assert ratios == pytest.approx([1.0] * 4, abs=1e-3)
+
+
 def _steps(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []

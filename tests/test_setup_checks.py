@@ -104,6 +104,10 @@ def _cases(assets: Path, tmp_path: Path) -> dict[str, tuple[Callable[[dict[str, 
             _rule("narrow_reward:score"),
             "spec.reward.functions[0].rule.function: narrow_reward:score(prompt, completion) cannot be called",
         ),
+        "freeze pattern that matches no parameter": (
+            lambda s: s["trainer"].update(freeze=["model.embed_tokens.*", "model.layer.0.*"]),
+            "spec.trainer.freeze[1]: 'model.layer.0.*' matches no parameter of the model",
+        ),
     }
 
 
@@ -114,6 +118,7 @@ CASES = [
     "empty model folder",
     "reward module that does not import",
     "reward that does not take the data fields",
+    "freeze pattern that matches no parameter",
 ]
 
 

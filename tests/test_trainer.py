@@ -105,13 +105,21 @@ RANKS_TIMEOUT_SECONDS = 150.0
 
 
 def _rank_main(
-    rank: int, model_dir: str, port: int, out: str, count: int, micro: int, off_policy: float, strategy: str
+    rank: int,
+    model_dir: str,
+    port: int,
+    out: str,
+    count: int,
+    micro: int,
+    off_policy: float,
+    strategy: str,
+    freeze: tuple[str, ...] = (),
 ) -> None:
     # A short collective timeout: ranks whose collectives do not pair up fail instead of waiting 30 minutes.
     torch.distributed.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
     )
-    cfg = config(Path(model_dir), micro).model_copy(update={"strategy": strategy})
+    cfg = config(Path(model_dir), micro).model_copy(update={"strategy": strategy, "freeze": list(freeze)})
     trainer = with_plain_sgd(PolicyTrainer(cfg, torch.device("cpu"), world_size=2))
     samples = samples_for(trainer, count, off_policy)
     metrics = trainer.train_step(samples[rank::2], total_samples=count, total_tokens=completion_tokens(samples))
@@ -121,7 +129,13 @@ def _rank_main(
 
 
 def run_two_ranks(
-    model_dir: Path, out: Path, count: int, micro: int = 2, off_policy: float = 0.0, strategy: str = "ddp"
+    model_dir: Path,
+    out: Path,
+    count: int,
+    micro: int = 2,
+    off_policy: float = 0.0,
+    strategy: str = "ddp",
+    freeze: tuple[str, ...] = (),
 ) -> list[dict]:
     """One train step of `count` samples sharded over 2 gloo ranks (spawned processes): each rank's
     metrics and weights. A rank still running after the timeout fails the test rather than blocking it."""
@@ -130,7 +144,7 @@ def run_two_ranks(
         port = sock.getsockname()[1]
     out.mkdir(parents=True, exist_ok=True)
     ctx = multiprocessing.get_context("spawn")
-    args = (str(model_dir), port, str(out), count, micro, off_policy, strategy)
+    args = (str(model_dir), port, str(out), count, micro, off_policy, strategy, freeze)
     procs = [ctx.Process(target=_rank_main, args=(rank, *args)) for rank in range(2)]
     for p in procs:
         p.start()

@@ -94,6 +94,13 @@ class TrainerSpec(Placement):
     strategy: Literal["ddp", "fsdp"] = Field("ddp", description="Data parallel (ddp) or fully sharded (fsdp) training.")
     micro_batch_size: int = Field(8, description="Sequences per forward/backward pass on one rank.", ge=1, le=65536)
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    freeze: list[str] = Field(
+        default_factory=list,
+        description="Parameters to keep as loaded, by shell-style patterns on their names (e.g. "
+        "`model.embed_tokens.*`): they are not trained, and each weight sync sends only the others. "
+        "A pattern that matches no parameter is an error.",
+        max_length=64,
+    )
 
     @property
     def world_size(self) -> int:

@@ -74,6 +74,7 @@ class TrainerWorkerConfig(Model):
     gpus_per_node: int
     micro_batch_size: int
     gradient_checkpointing: bool
+    freeze: list[str] = Field(default_factory=list, description="Patterns of the parameters kept as loaded.")
     checkpoint: CheckpointSpec
     weight_sync: WeightSyncSpec
 
@@ -140,6 +141,7 @@ def derive_worker_configs(job: RLJob) -> WorkerConfigs:
             gpus_per_node=spec.trainer.gpus_per_node,
             micro_batch_size=spec.trainer.micro_batch_size,
             gradient_checkpointing=spec.trainer.gradient_checkpointing,
+            freeze=spec.trainer.freeze,
             checkpoint=spec.checkpoint,
             weight_sync=spec.weight_sync,
         ),

@@ -3,14 +3,16 @@ with one line naming the field (and the file:line of a bad data row).
 
 `rljob run` (and so the operator's driver pod) runs them before it starts Ray; `rljob validate
 --deep` runs them alone. They check what the schema cannot: that the files exist and parse,
-that the model folder loads, that every rule imports and takes the job's fields, that a named
-engine is installed, and that the driver's ports are free.
+that the model folder loads, that every rule imports and takes the job's fields, that the
+trainer's freeze patterns match the model's weights, that a named engine is installed, and that
+the driver's ports are free.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +20,7 @@ from pathlib import Path
 from rljob_api import RLJob, derive_worker_configs, load_rljob
 from rljob_api.reward import RewardFunction
 from rljob_api.workercfg import WorkerConfigs
+from rljob_workers.common.freeze import frozen_names
 from rljob_workers.driver.controller.data import DataError, read_rows
 from rljob_workers.reward.base import RewardConfigError
 from rljob_workers.reward.callables import load_function
@@ -59,6 +62,7 @@ def check_quickly(job: RLJob, steps: int | None) -> None:
     check_rewards(job)
     for path, field in _model_folders(job):
         check_model_folder(path, field)
+    check_freeze(job)
 
 
 def check_models(job: RLJob) -> None:
@@ -114,6 +118,35 @@ def check_model(path: str, field: str) -> None:
         AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except Exception as exc:  # any loader failure is this folder's fault; say which and why
         raise SetupError(f"{field}: {path} does not load: {type(exc).__name__}: {first_line(exc)}") from None
+
+
+def check_freeze(job: RLJob) -> None:
+    """spec.trainer.freeze matches the policy's weights, by the names in the model folder's safetensors
+    headers (no model load). Without safetensors files, the trainer checks it when it loads the model."""
+    patterns = job.spec.trainer.freeze
+    names = weight_names(Path(job.spec.model.path)) if patterns else None
+    if names:
+        try:
+            frozen_names(patterns, names)
+        except ValueError as exc:
+            raise SetupError(str(exc)) from None
+
+
+def weight_names(folder: Path) -> list[str] | None:
+    """The weight names a transformers model folder holds; None when it has no safetensors files."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():  # a sharded checkpoint names every weight in its index
+        return sorted(json.loads(index.read_text())["weight_map"])
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    from safetensors import safe_open
+
+    names: list[str] = []
+    for file in files:
+        with safe_open(str(file), framework="numpy") as weights:
+            names += weights.keys()
+    return names
 
 
 def check_data(job: RLJob) -> None:

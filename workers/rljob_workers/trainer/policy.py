@@ -17,6 +17,7 @@ from torch import Tensor
 
 from rljob_api.workercfg import TrainerWorkerConfig
 from rljob_workers.common.device import resolve_dtype
+from rljob_workers.common.freeze import frozen_names
 from rljob_workers.trainer.grpo import grpo_loss, token_logprobs
 
 
@@ -66,6 +67,16 @@ def combine_rank_metrics(per_rank: Sequence[Mapping[str, float]]) -> dict[str, f
     return combined
 
 
+def freeze_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> frozenset[str]:
+    """Stop training the parameters whose names match one of `patterns` (spec.trainer.freeze); their
+    names (see `frozen_names` for what is refused)."""
+    frozen = frozen_names(patterns, [name for name, _ in model.named_parameters()])
+    for name, param in model.named_parameters():
+        if name in frozen:
+            param.requires_grad_(False)
+    return frozen
+
+
 def largest_part_sizes(total_samples: int, world_size: int, mini_batches: int) -> list[int]:
     """Samples in each mini-batch of the largest rank's share of the batch.
 
@@ -110,10 +121,13 @@ class PolicyTrainer:
         if self.algo.kl_coef > 0:  # frozen: the compute dtype is enough
             self.reference = self._frozen_copy(load(config.model_path, self.compute_dtype) if resume_from else model)
             self.reference.to(self.compute_dtype)
+        self.frozen = freeze_parameters(model, config.freeze)
         self.policy = model
         self.model = self._wrap(model)
         self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.algo.learning_rate, weight_decay=self.algo.weight_decay
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=self.algo.learning_rate,
+            weight_decay=self.algo.weight_decay,
         )
 
     @staticmethod
@@ -229,9 +243,12 @@ class PolicyTrainer:
         return norm
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """The full policy parameters by name, in the compute dtype the rollout engines load."""
+        """The policy parameters training changes, by name, in the compute dtype the rollout engines load
+        (what a weight sync sends). Frozen ones are left out: every engine loaded them from the model
+        folder, and they never change."""
         for name, weight in self.master_weights():
-            yield name, weight.to(self.compute_dtype)
+            if name not in self.frozen:
+                yield name, weight.to(self.compute_dtype)
 
     def master_weights(self) -> Iterator[tuple[str, Tensor]]:
         """The full fp32 master parameters by name (what a checkpoint keeps); every rank takes part (FSDP)."""
