@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import psutil
 import ray
 
 from rljob.v1 import rollout_service_pb2
@@ -29,7 +30,8 @@ log = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 30.0
 # Ray's own start gives its raylet a fixed 30 s to register (and the raylet its agents 15 s,
 # ray-project/ray#65983); on a busy small machine that can run out, or the dashboard process dies at
-# start (seen in CI: "Failed to start the dashboard, return code -6"). One more start is then made.
+# start (seen in CI: "Failed to start the dashboard, return code -6"), or the raylet never logs a line
+# (CI, three times in about 500 starts, none reproduced in 40 more). One more start is then made.
 RAY_START_ATTEMPTS = 2
 RAY_START_TIMED_OUT = "timed out during startup"
 
@@ -47,17 +49,36 @@ def init_local_ray(
     rollouts = configs.controller.rollout_replicas
     # Every actor fits even on a small machine: cores are shared, Ray only books them.
     cpus = rollouts * rollout_cpus + reward_max * reward_cpus + trainers * trainer_cpus + 1
+    # One spare rollout slot for a replacement replica.
+    start_local_ray(int(cpus + 0.999), {"rollout": rollouts + 1, "reward": reward_max, "trainer": trainers}, env)
+
+
+def start_local_ray(cpus: int, resources: dict[Pool, int], env: dict[str, str] | None = None) -> None:
+    """A local Ray node with `cpus` and each pool's resource, its processes started with `env`. A start
+    that fails leaves none of its processes running: ray.init keeps no handle on those of a node that
+    did not come up (its GCS, monitor and dashboard), and they would run on until this process ends."""
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        earlier = {child.pid for child in psutil.Process().children(recursive=True)}
         try:
-            # One spare rollout slot for a replacement replica.
-            with _environment(env):  # Ray's processes keep it; this one gets its own back
-                _start_ray(int(cpus + 0.999), {"rollout": rollouts + 1, "reward": reward_max, "trainer": trainers})
+            with _environment(env or {}):  # Ray's processes keep it; this one gets its own back
+                _start_ray(cpus, resources)
             return
         except Exception as exc:
+            _kill_children_since(earlier)
             if RAY_START_TIMED_OUT not in str(exc) or attempt == RAY_START_ATTEMPTS:
                 raise
             log.warning("Ray's node did not come up (%s); starting Ray again", str(exc).split(". ")[0])
             shutdown_ray()
+
+
+def _kill_children_since(earlier: set[int]) -> None:
+    """SIGKILL this process's descendants not in `earlier`, and reap them. Nothing else starts
+    processes while the driver starts Ray."""
+    started = [child for child in psutil.Process().children(recursive=True) if child.pid not in earlier]
+    for child in started:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
+    psutil.wait_procs(started, timeout=10)
 
 
 @contextlib.contextmanager
