@@ -29,11 +29,12 @@ log = logging.getLogger(__name__)
 # or an engine must not hold up the run's end or a scale-down.
 STOP_GRACE_SECONDS = 30.0
 # Ray's own start gives its raylet a fixed 30 s to register (and the raylet its agents 15 s,
-# ray-project/ray#65983); on a busy small machine that can run out, or the dashboard process dies at
-# start (seen in CI: "Failed to start the dashboard, return code -6"), or the raylet never logs a line
-# (CI, three times in about 500 starts, none reproduced in 40 more). One more start is then made.
+# ray-project/ray#65983) and its GCS 30 s to write its port file. On a busy small machine that can run
+# out, or the dashboard process dies at start (seen in CI: "Failed to start the dashboard, return code
+# -6"), or one of Ray's processes never runs at all: in CI a raylet (three times in about 500 starts)
+# and a GCS left no log line, every other process of their node up. One more start is then made.
 RAY_START_ATTEMPTS = 2
-RAY_START_TIMED_OUT = "timed out during startup"
+RAY_START_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
 
 
 def init_local_ray(
@@ -65,7 +66,7 @@ def start_local_ray(cpus: int, resources: dict[Pool, int], env: dict[str, str] |
             return
         except Exception as exc:
             _kill_children_since(earlier)
-            if RAY_START_TIMED_OUT not in str(exc) or attempt == RAY_START_ATTEMPTS:
+            if not any(timeout in str(exc) for timeout in RAY_START_TIMEOUTS) or attempt == RAY_START_ATTEMPTS:
                 raise
             log.warning("Ray's node did not come up (%s); starting Ray again", str(exc).split(". ")[0])
             shutdown_ray()
