@@ -173,8 +173,8 @@ def _running(pids: set[int]) -> set[int]:
 
 
 def _time_out_after_the_head_starts(monkeypatch, times: int) -> list[set[int]]:
-    """Ray's node start fails `times` times where CI saw it fail: the GCS, monitor, dashboard and log
-    monitor up, the raylet never registered (its session had no raylet log at all). Ray's 30 s wait
+    """Ray's node start fails `times` times where CI saw it fail: the GCS, monitor and dashboard up, the
+    raylet never registered (its session had no raylet log at all). Ray's 30 s wait
     cannot be brought about on demand, so its exception is raised there; the processes are real.
     Returns, per failed start, the processes it left."""
     real = ray._private.node.Node.start_ray_processes

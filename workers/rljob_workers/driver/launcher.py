@@ -31,8 +31,9 @@ STOP_GRACE_SECONDS = 30.0
 # Ray's own start gives its raylet a fixed 30 s to register (and the raylet its agents 15 s,
 # ray-project/ray#65983) and its GCS 30 s to write its port file. On a busy small machine that can run
 # out, or the dashboard process dies at start (seen in CI: "Failed to start the dashboard, return code
-# -6"), or one of Ray's processes never runs at all: in CI a raylet (three times in about 500 starts)
-# and a GCS left no log line, every other process of their node up. One more start is then made.
+# -6"), or one of Ray's processes never runs at all (on the CI machine a raylet, three times in about
+# 500 starts, and once a GCS left no log line, every other process of their node up). One more start
+# is then made.
 RAY_START_ATTEMPTS = 2
 RAY_START_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
 
@@ -59,7 +60,7 @@ def start_local_ray(cpus: int, resources: dict[Pool, int], env: dict[str, str] |
     that fails leaves none of its processes running: ray.init keeps no handle on those of a node that
     did not come up (its GCS, monitor and dashboard), and they would run on until this process ends."""
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
-        earlier = {child.pid for child in psutil.Process().children(recursive=True)}
+        earlier = {child.pid for child in _descendants()}
         try:
             with _environment(env or {}):  # Ray's processes keep it; this one gets its own back
                 _start_ray(cpus, resources)
@@ -72,10 +73,14 @@ def start_local_ray(cpus: int, resources: dict[Pool, int], env: dict[str, str] |
             shutdown_ray()
 
 
+def _descendants() -> list[psutil.Process]:
+    return psutil.Process().children(recursive=True)
+
+
 def _kill_children_since(earlier: set[int]) -> None:
-    """SIGKILL this process's descendants not in `earlier`, and reap them. Nothing else starts
-    processes while the driver starts Ray."""
-    started = [child for child in psutil.Process().children(recursive=True) if child.pid not in earlier]
+    """SIGKILL this process's descendants not in `earlier`, and reap them. Only a failed start gets
+    here; a process another thread started meanwhile would go too (rljob run's model check starts none)."""
+    started = [child for child in _descendants() if child.pid not in earlier]
     for child in started:
         with contextlib.suppress(psutil.NoSuchProcess):
             child.kill()
