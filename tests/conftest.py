@@ -11,6 +11,11 @@ from types import ModuleType
 import pytest
 import yaml
 
+from rljob_workers.common.grpc_env import use_grpc_process_env
+
+# This process forks Ray's daemons beside the gRPC servers and channels its tests leave running.
+use_grpc_process_env()
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 

@@ -51,10 +51,12 @@ import yaml
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before ray is imported
-os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 # The reward replicas import `pipeline_judge` from here.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH", "")) if p)
 
+from rljob_workers.common.grpc_env import use_grpc_process_env  # noqa: E402
+
+use_grpc_process_env()  # before the imports below load grpc
 from rljob_api import parse_rljob  # noqa: E402
 from rljob_workers.driver.controller.report import StepReport  # noqa: E402
 from rljob_workers.driver.local_run import LocalRun  # noqa: E402

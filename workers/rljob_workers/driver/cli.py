@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from rljob_api import RLJobInvalid
+from rljob_workers.common.grpc_env import use_grpc_process_env
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
@@ -130,10 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # gRPC core logs at INFO by default (grpcio 1.85): every run ended with a "Got goaway" line when Ray
-    # stopped the pools' servers. Read once, when grpc is first imported (no import above does it);
-    # GRPC_VERBOSITY=INFO or DEBUG in the environment still turns it on.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+    use_grpc_process_env()  # before grpc's first import, which no import above makes
     args = build_parser().parse_args(argv)
     return int(args.fn(args))
 
