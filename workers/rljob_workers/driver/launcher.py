@@ -30,9 +30,9 @@ log = logging.getLogger(__name__)
 STOP_GRACE_SECONDS = 30.0
 # Ray's own start gives its raylet a fixed 30 s to register (and the raylet its agents 15 s,
 # ray-project/ray#65983) and its GCS 30 s to write its port file. On a busy small machine that can run
-# out, or the dashboard process dies at start (seen in CI: "Failed to start the dashboard, return code
-# -6"). One more start is then made. (A raylet or GCS that never wrote a line, seen in CI, was gRPC's
-# fork handlers aborting the forked child: see common/grpc_env.py.)
+# out; one more start is then made. (A raylet or GCS that never wrote a line, and a dashboard that
+# "failed to start, return code -6", all seen in CI, were gRPC's fork handlers aborting the forked
+# child: see common/grpc_env.py.)
 RAY_START_ATTEMPTS = 2
 RAY_START_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
 
