@@ -66,9 +66,22 @@ class FakeRollout:
         return [self.replica]
 
     async def generate(
-        self, replica: FakeReplica, request: rollout_pb.GenerateRequest
+        self, replica: FakeReplica, request: rollout_pb.GenerateRequest, *, reserved: bool = False
     ) -> AsyncIterator[list[sample_pb2.Completion]]:
-        prompt, version = request.prompts[0], self.version[0]  # a request is generated under one version
+        version = self.version[0]  # a request is generated under one version
+        finished: asyncio.Queue[sample_pb2.Completion] = asyncio.Queue()
+        # Each prompt of a call at its own pace, as an engine batching them finishes them apart.
+        tasks = [asyncio.create_task(self._one_prompt(prompt, version, finished)) for prompt in request.prompts]
+        try:
+            for _ in range(sum(prompt.n for prompt in request.prompts)):
+                yield [await finished.get()]  # one per message, as a replica that finishes them apart sends them
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _one_prompt(
+        self, prompt: rollout_pb.PromptRequest, version: int, finished: asyncio.Queue[sample_pb2.Completion]
+    ) -> None:
         self.started += 1
         delay = 0.002 * (self.started % 3 + 1)  # groups finish at different times
         for index in range(prompt.first_index, prompt.first_index + prompt.n):
@@ -76,17 +89,18 @@ class FakeRollout:
             sample_id = f"{prompt.prompt_id}/{index}"
             # A stale group is generated again under the same ids: log each generation apart.
             self.log.generated[f"{sample_id}@v{version}"] = self.log.tick()
-            completion = sample_pb2.Completion(
-                sample_id=sample_id,
-                prompt_id=prompt.prompt_id,
-                index=index,
-                prompt_token_ids=[1, 2],
-                token_ids=[3, index % 5 + 4],
-                logprobs=[-0.5, -0.7],
-                policy_version=version,
-                text=str(index),
+            finished.put_nowait(
+                sample_pb2.Completion(
+                    sample_id=sample_id,
+                    prompt_id=prompt.prompt_id,
+                    index=index,
+                    prompt_token_ids=[1, 2],
+                    token_ids=[3, index % 5 + 4],
+                    logprobs=[-0.5, -0.7],
+                    policy_version=version,
+                    text=str(index),
+                )
             )
-            yield [completion]  # one per message, as a replica that finishes them apart sends them
 
 
 @dataclass

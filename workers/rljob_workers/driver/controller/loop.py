@@ -1,7 +1,7 @@
 """The RL loop: dispatch prompts to rollout, stream each sample to reward, train on fresh groups.
 
 Three kinds of asyncio tasks share one `asyncio.Condition`:
-- the dispatcher starts a Generate stream per prompt group while staleness allows;
+- the dispatcher starts the prompt groups that staleness allows, in one Generate stream per replica;
 - one task per sample scores it: as soon as its generation finishes (reward dispatch `sample`),
   once its whole group is generated (`group`), or once the batch being generated is (`batch`);
 - the train loop takes `promptsPerStep` complete groups, drops (and regenerates) groups
@@ -30,7 +30,7 @@ from rljob_workers.driver.controller.groups import Group, GroupTracker, Sample, 
 from rljob_workers.driver.controller.idle import BusyClock
 from rljob_workers.driver.controller.messages import contiguous_runs, generate_request, received_sample, reward_request
 from rljob_workers.driver.controller.report import Counts, RunFailed, Scorer, StepReport, Trainer
-from rljob_workers.driver.controller.rollout_clients import ReplicaLost, RolloutClients
+from rljob_workers.driver.controller.rollout_clients import Replica, ReplicaLost, RolloutClients
 from rljob_workers.trainer.checkpoint import step_dir
 from rljob_workers.trainer.grpo import group_advantages
 from rljob_workers.trainer.policy import TrainSample
@@ -209,9 +209,17 @@ class Controller:
         while True:
             async with self._changed:
                 await self._changed.wait_for(lambda: self._may_dispatch() and self.rollout.pick() is not None)
-                prompt = self.prompts.next()
-                self.tracker.start(prompt, self.algo.group_size, self.version)
-                self._spawn(self._generate(prompt, list(range(self.algo.group_size))))
+                # Every prompt that may start now goes out, each to the least-loaded replica, in one
+                # Generate call per replica: a call's set-up cost the controller as much as a group's
+                # samples did. Their slots are taken here, so that each pick sees the ones before.
+                calls: dict[str, tuple[Replica, list[tuple[Prompt, list[int]]]]] = {}
+                while self._may_dispatch() and (replica := self.rollout.pick()) is not None:
+                    prompt = self.prompts.next()
+                    self.tracker.start(prompt, self.algo.group_size, self.version)
+                    replica.in_flight += 1
+                    calls.setdefault(replica.name, (replica, []))[1].append((prompt, list(range(self.algo.group_size))))
+                for replica, work in calls.values():
+                    self._spawn(self._generate(work, replica))
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.create_task(coroutine)
@@ -223,22 +231,28 @@ class Controller:
         if not task.cancelled() and task.exception() is not None:
             self.fail(f"internal error: {task.exception()!r}")
 
-    async def _generate(self, prompt: Prompt, indices: list[int]) -> None:
-        replica = self.rollout.pick()
+    async def _generate(self, work: list[tuple[Prompt, list[int]]], replica: Replica | None = None) -> None:
+        """Generate `work` (prompt, sample indices) in one call, on `replica` (its slots taken) or the
+        least-loaded replica once one has room."""
+        reserved = replica is not None
         while replica is None:
             async with self._changed:
                 await self._changed.wait_for(lambda: self.rollout.pick() is not None or self._failure is not None)
                 if self._failure:
                     return
                 replica = self.rollout.pick()
+        prompts = [prompt for prompt, _ in work]
+        ids = ", ".join(prompt.prompt_id for prompt in prompts)
         try:
-            async for completions in self.rollout.generate(replica, generate_request(self.config, prompt, indices)):
-                self._received(prompt, completions)
+            request = generate_request(self.config, work)
+            async for completions in self.rollout.generate(replica, request, reserved=reserved):
+                self._received(completions)
         except ReplicaLost as exc:
-            log.warning("%s; regenerating the rest of prompt %s elsewhere", exc, prompt.prompt_id)
-            await self._regenerate_missing(prompt)
+            log.warning("%s; regenerating the rest of prompt %s elsewhere", exc, ids)
+            for prompt in prompts:
+                await self._regenerate_missing(prompt)
         except grpc.aio.AioRpcError as exc:
-            self.fail(f"rollout replica {replica.name} refused prompt {prompt.prompt_id}: {exc.details()}")
+            self.fail(f"rollout replica {replica.name} refused prompt {ids}: {exc.details()}")
         async with self._changed:
             self._changed.notify_all()
 
@@ -250,18 +264,19 @@ class Controller:
         if missing:
             self.counts.lost_replica += len(missing)
             for run in contiguous_runs(missing):
-                self._spawn(self._generate(prompt, run))
+                self._spawn(self._generate([(prompt, run)]))
 
-    def _received(self, prompt: Prompt, completions: list[sample_pb2.Completion]) -> None:
-        """Completions that came in one message: new samples of their group go to reward together."""
+    def _received(self, completions: list[sample_pb2.Completion]) -> None:
+        """Completions that came in one message: their new samples go to reward together."""
         samples = [sample for sample in map(received_sample, completions) if self.tracker.receive(sample)]
         self.counts.generated += len(samples)
         if not samples:
             return
         if self.config.reward_dispatch == "sample":
-            self._spawn(self._score(prompt, samples))
+            self._score_soon(samples)
         else:
-            self._held.setdefault(prompt.prompt_id, []).extend(samples)
+            for sample in samples:
+                self._held.setdefault(sample.prompt_id, []).append(sample)
             self._release_held()
 
     def _release_held(self) -> None:
@@ -274,13 +289,17 @@ class Controller:
         if self.config.reward_dispatch == "batch" and batch_incomplete:
             return  # the batch is still being generated
         for prompt_id in generated:
-            self._spawn(self._score(self.tracker.groups[prompt_id].prompt, self._held.pop(prompt_id)))
+            self._score_soon(self._held.pop(prompt_id))
 
     # ---- reward -----------------------------------------------------------------------
-    async def _score(self, prompt: Prompt, samples: list[Sample]) -> None:
-        """Score samples ready together in one call to the scorer and one update of their group; a
+    def _score_soon(self, samples: list[Sample]) -> None:
+        """Score `samples` in a task; their requests are made now, while their groups are sure to be here."""
+        groups = self.tracker.groups
+        self._spawn(self._score(samples, [reward_request(groups[s.prompt_id].prompt, s) for s in samples]))
+
+    async def _score(self, samples: list[Sample], requests: list[sample_pb2.RewardSample]) -> None:
+        """Score samples ready together in one call to the scorer and one update of their groups; a
         sample whose reward failed is retried, waited for or excluded on its own (onError)."""
-        requests = [reward_request(prompt, sample) for sample in samples]
         results = await self.scorer.score_many(requests)
         await self._record_scores([(s, r) for s, r in zip(samples, results, strict=True) if not r.HasField("error")])
         failed = [(s, q, r) for s, q, r in zip(samples, requests, results, strict=True) if r.HasField("error")]

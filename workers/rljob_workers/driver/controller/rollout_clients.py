@@ -64,11 +64,13 @@ class RolloutClients:
         return min(candidates, key=lambda r: (r.in_flight, r.name)) if candidates else None
 
     async def generate(
-        self, replica: Replica, request: pb.GenerateRequest
+        self, replica: Replica, request: pb.GenerateRequest, *, reserved: bool = False
     ) -> AsyncIterator[list[sample_pb2.Completion]]:
         """Stream completions, those that came in one message together; a lost replica raises
-        ReplicaLost (and is marked dead)."""
-        replica.in_flight += len(request.prompts)
+        ReplicaLost (and is marked dead). `reserved`: the caller counted the request's prompts in
+        `replica.in_flight` when it chose the replica (they are released here all the same)."""
+        if not reserved:
+            replica.in_flight += len(request.prompts)
         self.busy.begin()
         try:
             async for response in replica.stub.Generate(request):
