@@ -7,6 +7,7 @@ deleting the driver pod would.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import yaml
 
@@ -110,3 +112,41 @@ def test_a_second_signal_stops_at_once_and_the_folder_is_held_until_then(assets,
     assert first.returncode == 128 + signal.SIGINT, stderr[-3000:]
     assert "SIGINT again: stopping at once" in stderr
     assert took < 20
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # exited, not yet reaped
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_ray_starts_stops_at_once_and_leaves_no_process(assets, tmp_path, sig):
+    """Ctrl-C (or a pod's SIGTERM) in the first seconds, while Ray's node comes up and the model folder
+    is checked: before, SIGINT printed a KeyboardInterrupt traceback and SIGTERM ended the driver
+    without a word, and Ray's dashboard and runtime-env agents ran on for a minute."""
+    job_file, out = _job_file(assets, tmp_path, total_steps=200), tmp_path / "out"
+    run = _start(job_file, out)
+    seen: dict[int, str] = {}
+    deadline = time.monotonic() + 60
+    while not any("RuntimeEnvAgent" in name for name in seen.values()):  # the last of Ray's node to start
+        assert run.poll() is None and time.monotonic() < deadline, f"no Ray node came up: {run.communicate()[1]}"
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for child in psutil.Process(run.pid).children(recursive=True):
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    seen[child.pid] = " ".join(child.cmdline())[:80]
+        time.sleep(0.05)
+    signalled = time.monotonic()
+    run.send_signal(sig)
+    _, stderr = run.communicate(timeout=60)
+    took = time.monotonic() - signalled
+    print(f"{sig.name}: exited {run.returncode} after {took:.1f}s; Ray's processes: {sorted(seen.values())}\n{stderr}")
+    assert "pools up" not in stderr, "the signal came after the start-up: this test signals too late"
+    assert run.returncode == 128 + sig, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == f"{sig.name} before the pools were up: stopping at once"
+    deadline = time.monotonic() + 5  # what Ray's shutdown stopped has this long to be gone
+    while not all(_gone(pid) for pid in seen) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [name for pid, name in seen.items() if not _gone(pid)] == []

@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,6 +21,7 @@ from rljob.v1 import rollout_service_pb2
 from rljob_api.workercfg import Pool, WorkerConfigs, pool_resource
 from rljob_workers.common.auth import TOKEN_FILE_ENV
 from rljob_workers.driver.actors import RewardActor, RolloutActor, TrainerActor
+from rljob_workers.driver.stopping import StoppedBeforePoolsUp
 
 if TYPE_CHECKING:  # torch: `rljob run` starts Ray before the driver imports it (see local.py)
     from rljob_workers.trainer.policy import TrainSample
@@ -64,9 +67,10 @@ def start_local_ray(cpus: int, resources: dict[Pool, int], env: dict[str, str] |
             with _environment(env or {}):  # Ray's processes keep it; this one gets its own back
                 _start_ray(cpus, resources)
             return
-        except Exception as exc:
+        except BaseException as exc:  # a signal's too (see local.StoppedBeforePoolsUp): nothing is left
             _kill_children_since(earlier)
-            if not any(timeout in str(exc) for timeout in RAY_START_TIMEOUTS) or attempt == RAY_START_ATTEMPTS:
+            timed_out = isinstance(exc, Exception) and any(timeout in str(exc) for timeout in RAY_START_TIMEOUTS)
+            if not timed_out or attempt == RAY_START_ATTEMPTS:
                 raise
             log.warning("Ray's node did not come up (%s); starting Ray again", str(exc).split(". ")[0])
             shutdown_ray()
@@ -114,8 +118,25 @@ def shutdown_ray() -> None:
     ray.shutdown()
 
 
+def init_ray(**options: Any) -> None:
+    """ray.init(**options), the driver's SIGTERM handler kept. ray.init first puts in its own, which
+    exits with code 15 and no word; a SIGTERM during the start that it catches becomes
+    StoppedBeforePoolsUp, as the driver's handler would have made it."""
+    main = threading.current_thread() is threading.main_thread()
+    sigterm = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        ray.init(**options)
+    except SystemExit as exc:
+        if exc.code == signal.SIGTERM and sigterm is not None:
+            raise StoppedBeforePoolsUp(signal.SIGTERM) from None
+        raise
+    finally:
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
+
+
 def _start_ray(cpus: int, resources: dict[Pool, int]) -> None:
-    ray.init(
+    init_ray(
         address="local",
         num_cpus=cpus,
         resources={pool_resource(pool): count for pool, count in resources.items()},

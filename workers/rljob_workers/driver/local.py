@@ -26,6 +26,7 @@ from rljob_workers.driver.setup import (
     prepare,
     resolved_configs,
 )
+from rljob_workers.driver.stopping import StoppedBeforePoolsUp, stop_before_the_pools_are_up
 
 log = logging.getLogger("rljob")
 
@@ -45,29 +46,37 @@ def run_local(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     locks: list[FolderLock] = []  # held across trainer restarts
     try:
+        with stop_before_the_pools_are_up():
+            return _run_local(args, locks)
+    except StoppedBeforePoolsUp as stopped:
+        _stop_ray()
+        print(f"{stopped.signal.name} before the pools were up: stopping at once", file=sys.stderr)
+        return 128 + int(stopped.signal)
+    finally:
+        for lock in locks:
+            lock.release()
+
+
+def _run_local(args: argparse.Namespace, locks: list[FolderLock]) -> int:
+    """Set up, then run; the folder locks taken go into `locks` (released by the caller)."""
+    try:
         job = load_job_file(args.file)
         output = Path(args.output or Path("rljob-runs") / job.metadata.name).resolve()
         if args.cluster:
             configs = prepare(job, args.steps, cluster=True)
-            locks = lock_run_folders(output, Path(configs.trainer.checkpoint.dir))
+            locks += lock_run_folders(output, Path(configs.trainer.checkpoint.dir))
         else:
             local_ray_environment()
             check_quickly(job, args.steps)
             checkpoints = Path(job.spec.checkpoint.dir).resolve()
-            locks = lock_run_folders(output, checkpoints)
+            locks += lock_run_folders(output, checkpoints)
             resume_from(checkpoints, args.resume)  # refuses to start over checkpoints before Ray starts
             configs = check_models_while_ray_starts(job, output)
     except (RLJobInvalid, SetupError) as exc:
         print(exc, file=sys.stderr)
         _stop_ray()
-        for lock in locks:
-            lock.release()
         return 2
-    try:
-        return _run_with_restarts(args, job, configs, output)
-    finally:
-        for lock in locks:
-            lock.release()
+    return _run_with_restarts(args, job, configs, output)
 
 
 def check_models_while_ray_starts(job: RLJob, output: Path) -> WorkerConfigs:
@@ -86,7 +95,7 @@ def check_models_while_ray_starts(job: RLJob, output: Path) -> WorkerConfigs:
         try:
             env = worker_env(str(output / TOKEN_FILE_NAME))  # where LocalRun writes the token
             init_local_ray(derive_worker_configs(job), spec.rollout.cpus, spec.reward.cpus, spec.trainer.cpus, env)
-        except BaseException:
+        except Exception:
             checked.result()  # a failed check is the error to show
             raise
         checked.result()

@@ -31,6 +31,7 @@ from rljob_workers.driver.launcher import (
     ActorPool,
     RayTrainer,
     init_local_ray,
+    init_ray,
     reward_pool,
     rollout_pool,
     shutdown_ray,
@@ -167,7 +168,7 @@ class LocalRun:
             self._use_token(self.token or job_token(self.output, cluster=self.cluster))
             resume_dir, state, prompts = starting_point(c, self.output, self.resume)
             if self.cluster:
-                ray.init(address="auto", logging_level=logging.WARNING)
+                init_ray(address="auto", logging_level=logging.WARNING)
             elif not ray.is_initialized():  # rljob run started it beside its checks (see local.py)
                 init_local_ray(c, self.cpus["rollout"], self.cpus["reward"], self.cpus["trainer"], self.pool_env)
             return await self._run_until_stopped(prompts, state, resume_dir)

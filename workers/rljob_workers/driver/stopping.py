@@ -10,10 +10,11 @@ shell reports a process the signal ended.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -75,3 +76,29 @@ class SignalStop:
         print(f"{why}: stopping at once", file=sys.stderr, flush=True)
         if self._task is not None:
             self._task.cancel()
+
+
+class StoppedBeforePoolsUp(BaseException):
+    """SIGINT or SIGTERM before a LocalRun handles them itself (Ray's start, the model check).
+    A BaseException, as KeyboardInterrupt is: Ray's start must not take it for its own failure."""
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(sig)
+        self.signal = signal.Signals(sig)
+
+
+@contextlib.contextmanager
+def stop_before_the_pools_are_up() -> Iterator[None]:
+    """SIGINT and SIGTERM raise StoppedBeforePoolsUp in this (the main) thread until a LocalRun puts
+    its own handlers in: without, SIGINT printed a traceback out of ray.init, SIGTERM ended the driver
+    without a word, and either left Ray's agents running for a minute."""
+
+    def stop(sig: int, frame: object) -> None:
+        raise StoppedBeforePoolsUp(sig)
+
+    previous = {sig: signal.signal(sig, stop) for sig in SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
