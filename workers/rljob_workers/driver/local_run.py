@@ -212,7 +212,7 @@ class LocalRun:
             rollout=self.clients,
             scorer=self.router,
             trainer=trainer,
-            sync_weights=weight_sync,
+            sync_weights=weight_sync.overlapped,
             on_step=self._on_step,
             step=int(state.get("step", 0)),
             version=version,

@@ -12,6 +12,7 @@ sync; a call on a closed channel raises grpc.aio.UsageError, which counts here a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -53,6 +54,7 @@ class WeightSync:
     group_id: str = ""
     published: int = -1
     seconds: list[float] = field(default_factory=list)
+    _delivery: asyncio.Task[None] | None = None  # the version `overlapped` delivers in the background
 
     async def __call__(self, version: int) -> None:
         """Publish `version` and deliver it to every live replica (re-forming the group if needed)."""
@@ -112,6 +114,18 @@ class WeightSync:
         if sent:
             self.published = version
         return failed
+
+    async def overlapped(self, version: int) -> asyncio.Task[None]:
+        """Snapshot `version` on the trainer now and deliver it in a task, which this returns: the next
+        train step may run meanwhile (it changes the trainer's weights, not the snapshot). One delivery
+        at a time, since a broadcast sends the newest snapshot: the one before is awaited first (its
+        failure is its awaiter's to report)."""
+        if self._delivery is not None:
+            with contextlib.suppress(Exception):
+                await self._delivery
+        await self._publish_only(version)
+        self._delivery = asyncio.create_task(self(version), name=f"deliver-policy-version-{version}")
+        return self._delivery
 
     async def publish_initial(self, version: int) -> None:
         """Publish the starting version (for late replicas and the bucket plan), sending nothing."""
