@@ -3,12 +3,15 @@ unequal shards too), checkpoints round-trip."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import socket
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -104,6 +107,26 @@ def test_step_raises_the_rewarded_and_lowers_the_punished_completion(model_dir):
 RANKS_TIMEOUT_SECONDS = 150.0
 
 
+@contextlib.contextmanager
+def counting_gathers() -> Iterator[list[int]]:
+    """The elements of each sharded (FSDP) parameter gathered in the block: DTensor.redistribute,
+    through which torch's full state dict gathers them, is wrapped to count them."""
+    from torch.distributed.tensor import DTensor
+
+    gathered: list[int] = []
+    redistribute = DTensor.redistribute
+
+    def counted(self: DTensor, *args: Any, **kwargs: Any) -> DTensor:
+        gathered.append(self.numel())
+        return redistribute(self, *args, **kwargs)
+
+    DTensor.redistribute = counted  # type: ignore[method-assign]
+    try:
+        yield gathered
+    finally:
+        DTensor.redistribute = redistribute  # type: ignore[method-assign]
+
+
 def _rank_main(
     rank: int,
     model_dir: str,
@@ -123,7 +146,9 @@ def _rank_main(
     trainer = with_plain_sgd(PolicyTrainer(cfg, torch.device("cpu"), world_size=2))
     samples = samples_for(trainer, count, off_policy)
     metrics = trainer.train_step(samples[rank::2], total_samples=count, total_tokens=completion_tokens(samples))
-    torch.save({"metrics": metrics, "weights": dict(trainer.named_weights())}, f"{out}/rank{rank}.pt")
+    with counting_gathers() as gathered:
+        weights = dict(trainer.named_weights())
+    torch.save({"metrics": metrics, "weights": weights, "gathered": sum(gathered)}, f"{out}/rank{rank}.pt")
     torch.distributed.barrier()  # ranks live on after a step, as Ray actors do: one short of collectives waits
     torch.distributed.destroy_process_group()
 

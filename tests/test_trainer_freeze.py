@@ -89,6 +89,9 @@ def test_fsdp_over_two_ranks_trains_the_unfrozen_weights_as_one_process_does(mod
     fsdp = run_two_ranks(model_dir, tmp_path, count=4, micro=1, off_policy=0.3, strategy="fsdp", freeze=tuple(FROZEN))
     assert set(fsdp[0]["weights"]) == {name for name, _ in single.named_weights()}
     assert_same_weights(fsdp[:1], single)
+    # Only what a sync sends is gathered: the frozen shards stay where they are.
+    trained = sum(weight.numel() for _, weight in single.named_weights())
+    assert [rank["gathered"] for rank in fsdp] == [trained, trained]
 
 
 @pytest.mark.parametrize(

@@ -246,16 +246,18 @@ class PolicyTrainer:
         """The policy parameters training changes, by name, in the compute dtype the rollout engines load
         (what a weight sync sends). Frozen ones are left out: every engine loaded them from the model
         folder, and they never change."""
-        for name, weight in self.master_weights():
+        for name, weight in self.master_weights(trained_only=True):
             if name not in self.frozen:
                 yield name, weight.to(self.compute_dtype)
 
-    def master_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """The full fp32 master parameters by name (what a checkpoint keeps); every rank takes part (FSDP)."""
+    def master_weights(self, trained_only: bool = False) -> Iterator[tuple[str, Tensor]]:
+        """The full fp32 master parameters by name (what a checkpoint keeps); every rank takes part (FSDP).
+        `trained_only`: a sharded policy's frozen parameters are not even gathered."""
         if self._sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-            full = get_model_state_dict(self.policy, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trained_only)
+            full = get_model_state_dict(self.policy, options=options)
             names = {n for n, _ in self.policy.named_parameters()}
             yield from ((n, cast(Tensor, t)) for n, t in full.items() if n in names)
             return
