@@ -1,5 +1,5 @@
-"""The controller's Generate calls: the prompts that may start together share one call per rollout
-replica, spread over the replicas by load. Real rollout and reward servers on loopback, the real
+"""The controller's Generate calls: one prompt group per call, spread over the replicas by load,
+never more in flight on a replica than it has room for. Real rollout and reward servers on loopback, the real
 Controller, RolloutClients and RewardRouter; the engine does no work and logs each call it gets."""
 
 from __future__ import annotations
@@ -72,16 +72,16 @@ async def run_job(steps: int, per_step: int, group: int, max_in_flight: int) -> 
     return calls, controller
 
 
-def test_prompts_that_may_start_together_share_a_call_per_replica() -> None:
+def test_each_call_is_one_prompt_group_and_the_replicas_share_them() -> None:
     steps, per_step, group = 4, 8, 4
     calls, controller = asyncio.run(run_job(steps, per_step, group, max_in_flight=64))
     every = [call for log in calls.values() for call in log]
     prompts = [prompt for call in every for prompt in call]
     assert controller.counts.trained == steps * per_step * group
     assert len(prompts) == len(set(prompts)) >= steps * per_step, "each dispatched prompt is generated once"
-    # maxStaleness 1: the first dispatch may start two steps' prompts (16), split by load over two replicas.
-    assert sorted(len(log[0]) for log in calls.values()) == [per_step, per_step], calls
-    assert len(every) < len(prompts) / 2, f"{len(every)} Generate calls for {len(prompts)} prompts"
+    assert all(len(call) == 1 for call in every), calls
+    # maxStaleness 1: the first 16 prompts start together, each on the replica with fewer in flight.
+    assert sorted(len(log) for log in calls.values())[0] >= per_step - 1, calls
 
 
 def test_a_call_takes_no_more_prompts_than_the_replica_has_room_for() -> None:

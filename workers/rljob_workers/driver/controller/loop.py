@@ -1,7 +1,7 @@
 """The RL loop: dispatch prompts to rollout, stream each sample to reward, train on fresh groups.
 
 Three kinds of asyncio tasks share one `asyncio.Condition`:
-- the dispatcher starts the prompt groups that staleness allows, in one Generate stream per replica;
+- the dispatcher starts a Generate stream per prompt group while staleness allows;
 - one task per sample scores it: as soon as its generation finishes (reward dispatch `sample`),
   once its whole group is generated (`group`), or once the batch being generated is (`batch`);
 - the train loop takes `promptsPerStep` complete groups, drops (and regenerates) groups
@@ -211,17 +211,16 @@ class Controller:
         while True:
             async with self._changed:
                 await self._changed.wait_for(lambda: self._may_dispatch() and self.rollout.pick() is not None)
-                # Every prompt that may start now goes out, each to the least-loaded replica, in one
-                # Generate call per replica: a call's set-up cost the controller as much as a group's
-                # samples did. Their slots are taken here, so that each pick sees the ones before.
-                calls: dict[str, tuple[Replica, list[tuple[Prompt, list[int]]]]] = {}
-                while self._may_dispatch() and (replica := self.rollout.pick()) is not None:
-                    prompt = self.prompts.next()
-                    self.tracker.start(prompt, self.algo.group_size, self.version)
-                    replica.in_flight += 1
-                    calls.setdefault(replica.name, (replica, []))[1].append((prompt, list(range(self.algo.group_size))))
-                for replica, work in calls.values():
-                    self._spawn(self._generate(work, replica))
+                # One prompt group per Generate call. Sharing a call among every prompt that may start
+                # (tried: 20% less controller CPU per sample) made generation bursty: the whole staleness
+                # window came out of one engine batch, and in CI's e2e run the elastic reward pool
+                # never shrank. The slot is taken here, so that the next pick sees it.
+                replica = self.rollout.pick()
+                assert replica is not None  # the wait's condition
+                prompt = self.prompts.next()
+                self.tracker.start(prompt, self.algo.group_size, self.version)
+                replica.in_flight += 1
+                self._spawn(self._generate([(prompt, list(range(self.algo.group_size)))], replica))
 
     def _spawn(self, coroutine: Any) -> asyncio.Task[None]:
         task = asyncio.create_task(coroutine)
