@@ -220,7 +220,7 @@ class Controller:
                 prompt = self.prompts.next()
                 self.tracker.start(prompt, self.algo.group_size, self.version)
                 replica.in_flight += 1
-                self._spawn(self._generate([(prompt, list(range(self.algo.group_size)))], replica))
+                self._spawn(self._generate(prompt, list(range(self.algo.group_size)), replica))
 
     def _spawn(self, coroutine: Any) -> asyncio.Task[None]:
         task = asyncio.create_task(coroutine)
@@ -233,8 +233,8 @@ class Controller:
         if not task.cancelled() and task.exception() is not None:
             self.fail(f"internal error: {task.exception()!r}")
 
-    async def _generate(self, work: list[tuple[Prompt, list[int]]], replica: Replica | None = None) -> None:
-        """Generate `work` (prompt, indices) in one call on `replica` (slots taken), else the first with room."""
+    async def _generate(self, prompt: Prompt, indices: list[int], replica: Replica | None = None) -> None:
+        """Generate samples `indices` of `prompt` on `replica` (its slot taken), else the first with room."""
         reserved = replica is not None
         while replica is None:
             async with self._changed:
@@ -242,18 +242,15 @@ class Controller:
                 if self._failure:
                     return
                 replica = self.rollout.pick()
-        prompts = [prompt for prompt, _ in work]
-        ids = ", ".join(prompt.prompt_id for prompt in prompts)
         try:
-            request = generate_request(self.config, work)
+            request = generate_request(self.config, prompt, indices)
             async for completions in self.rollout.generate(replica, request, reserved=reserved):
-                self._received(completions)
+                self._received(prompt, completions)
         except ReplicaLost as exc:
-            log.warning("%s; regenerating the rest of prompt %s elsewhere", exc, ids)
-            for prompt in prompts:
-                await self._regenerate_missing(prompt)
+            log.warning("%s; regenerating the rest of prompt %s elsewhere", exc, prompt.prompt_id)
+            await self._regenerate_missing(prompt)
         except grpc.aio.AioRpcError as exc:
-            self.fail(f"rollout replica {replica.name} refused prompt {ids}: {exc.details()}")
+            self.fail(f"rollout replica {replica.name} refused prompt {prompt.prompt_id}: {exc.details()}")
         async with self._changed:
             self._changed.notify_all()
 
@@ -265,19 +262,18 @@ class Controller:
         if missing:
             self.counts.lost_replica += len(missing)
             for run in contiguous_runs(missing):
-                self._spawn(self._generate([(prompt, run)]))
+                self._spawn(self._generate(prompt, run))
 
-    def _received(self, completions: list[sample_pb2.Completion]) -> None:
-        """Completions that came in one message: their new samples go to reward together."""
+    def _received(self, prompt: Prompt, completions: list[sample_pb2.Completion]) -> None:
+        """Completions that came in one message: new samples of their group go to reward together."""
         samples = [sample for sample in map(received_sample, completions) if self.tracker.receive(sample)]
         self.counts.generated += len(samples)
         if not samples:
             return
         if self.config.reward_dispatch == "sample":
-            self._score_soon(samples)
+            self._spawn(self._score(prompt, samples))
         else:
-            for sample in samples:
-                self._held.setdefault(sample.prompt_id, []).append(sample)
+            self._held.setdefault(prompt.prompt_id, []).extend(samples)
             self._release_held()
 
     def _release_held(self) -> None:
@@ -290,17 +286,13 @@ class Controller:
         if self.config.reward_dispatch == "batch" and batch_incomplete:
             return  # the batch is still being generated
         for prompt_id in generated:
-            self._score_soon(self._held.pop(prompt_id))
+            self._spawn(self._score(self.tracker.groups[prompt_id].prompt, self._held.pop(prompt_id)))
 
     # ---- reward -----------------------------------------------------------------------
-    def _score_soon(self, samples: list[Sample]) -> None:
-        """Score `samples` in a task; their requests are made now, while their groups are sure to be here."""
-        groups = self.tracker.groups
-        self._spawn(self._score(samples, [reward_request(groups[s.prompt_id].prompt, s) for s in samples]))
-
-    async def _score(self, samples: list[Sample], requests: list[sample_pb2.RewardSample]) -> None:
-        """Score samples ready together in one call to the scorer and one update of their groups; a
+    async def _score(self, prompt: Prompt, samples: list[Sample]) -> None:
+        """Score samples ready together in one call to the scorer and one update of their group; a
         sample whose reward failed is retried, waited for or excluded on its own (onError)."""
+        requests = [reward_request(prompt, sample) for sample in samples]
         results = await self.scorer.score_many(requests)
         await self._record_scores([(s, r) for s, r in zip(samples, results, strict=True) if not r.HasField("error")])
         failed = [(s, q, r) for s, q, r in zip(samples, requests, results, strict=True) if r.HasField("error")]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from rljob.v1 import rollout_service_pb2 as rollout_pb
 from rljob.v1 import sample_pb2
 from rljob_api.workercfg import ControllerConfig
@@ -11,18 +9,17 @@ from rljob_workers.driver.controller.data import Prompt
 from rljob_workers.driver.controller.groups import Sample
 
 
-def generate_request(config: ControllerConfig, work: Sequence[tuple[Prompt, list[int]]]) -> rollout_pb.GenerateRequest:
-    """One Generate call for samples `indices` of each prompt in `work`: contiguous, since a group is
-    generated whole and regenerated from its first missing index."""
+def generate_request(config: ControllerConfig, prompt: Prompt, indices: list[int]) -> rollout_pb.GenerateRequest:
+    """Generate samples `indices` of `prompt`: contiguous, since a group is generated whole and
+    regenerated from its first missing index."""
     s = config.sampling
     sampling = sample_pb2.SamplingParams(
         temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens, stop=s.stop
     )
-    prompts = [
-        rollout_pb.PromptRequest(prompt_id=prompt.prompt_id, text=prompt.text, n=len(indices), first_index=indices[0])
-        for prompt, indices in work
-    ]
-    return rollout_pb.GenerateRequest(prompts=prompts, sampling=sampling)
+    request = rollout_pb.PromptRequest(
+        prompt_id=prompt.prompt_id, text=prompt.text, n=len(indices), first_index=indices[0]
+    )
+    return rollout_pb.GenerateRequest(prompts=[request], sampling=sampling)
 
 
 def received_sample(completion: sample_pb2.Completion) -> Sample:
