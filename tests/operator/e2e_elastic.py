@@ -20,7 +20,11 @@ from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
 DATA = "data/judged.jsonl"  # under the assets volume
 PER_STEP = 16  # promptsPerStep
-FAST_SECONDS, SLOW_SECONDS = 0.01, 0.6  # the judge's time per sample outside and inside the slow stretch
+# The judge's time per sample outside and inside the slow stretch. Outside it the load (arrival rate x
+# latency) must fit one replica (9.6 slots at 12 per replica, DOWN_HEADROOM 0.8) with room: at ~1,500
+# samples/s a 10 ms judge's 18 ms round trip made 27 slots, and the pool stayed at 2 or more; at 1 ms the
+# down decision read 1,405/s x 4.6 ms = 6.4 slots.
+FAST_SECONDS, SLOW_SECONDS = 0.001, 0.6
 IN_FLIGHT = 16  # maxInFlightPerReplica
 JUDGE = "rljob_workers.tasks.arithmetic:judged_match"
 
