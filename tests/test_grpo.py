@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from rljob_workers.trainer.grpo import (
-    group_advantages,
     grpo_loss,
     kl_penalty,
     masked_mean,
     policy_loss,
     token_logprobs,
 )
+from rljob_workers.trainer.samples import group_advantages, mean_and_std
 
 LN = math.log
 
@@ -29,45 +29,47 @@ def lp(*probs: float) -> torch.Tensor:
 
 def test_group_advantages_one_right_of_four() -> None:
     # mean 0.25, population std sqrt(0.25 * 0.75) = 0.4330
-    adv = group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0]]))
+    adv = group_advantages([1.0, 0.0, 0.0, 0.0], [0, 0, 0, 0])
     std = math.sqrt(0.1875)
-    expected = torch.tensor([[0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std]])
-    torch.testing.assert_close(adv, expected, atol=1e-5, rtol=1e-5)
+    assert adv == pytest.approx([0.75 / std, -0.25 / std, -0.25 / std, -0.25 / std], abs=1e-5)
 
 
 def test_group_advantages_unscaled_is_centred_reward() -> None:
-    adv = group_advantages(torch.tensor([[1.0, 0.0, 0.0, 0.0]]), scale_by_std=False)
-    torch.testing.assert_close(adv, torch.tensor([[0.75, -0.25, -0.25, -0.25]]))
+    adv = group_advantages([1.0, 0.0, 0.0, 0.0], [0, 0, 0, 0], scale_by_std=False)
+    assert adv == pytest.approx([0.75, -0.25, -0.25, -0.25])
 
 
 def test_all_equal_group_gets_zero_not_nan() -> None:
-    # 0.1 is not exact in float32: r - mean is a hair off zero, and / eps would blow it up.
-    rewards = torch.tensor([[0.1, 0.1, 0.1], [1.0, 1.0, 1.0], [0.0, 1.0, 0.5]])
-    adv = group_advantages(rewards)
-    assert torch.equal(adv[:2], torch.zeros(2, 3))
-    assert torch.isfinite(adv).all()
-    assert adv[2].sum().abs() < 1e-5
+    # 0.1 is not exact in binary: r - mean is a hair off zero, and / eps would blow it up.
+    rewards = [0.1, 0.1, 0.1, 1.0, 1.0, 1.0, 0.0, 1.0, 0.5]
+    adv = group_advantages(rewards, [0, 0, 0, 1, 1, 1, 2, 2, 2])
+    assert adv[:6] == [0.0] * 6
+    assert all(math.isfinite(a) for a in adv)
+    assert abs(sum(adv[6:])) < 1e-9
 
 
-def test_flat_rewards_with_group_ids_match_the_grid() -> None:
-    grid = torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 2.0, 1.0, 1.0]])
-    ids = torch.tensor([0, 0, 0, 0, 7, 7, 7, 7])
-    perm = torch.tensor([5, 0, 7, 2, 4, 1, 6, 3])  # groups interleaved, ids not 0..G-1
-    flat = group_advantages(grid.flatten()[perm], ids[perm])
-    torch.testing.assert_close(flat, group_advantages(grid).flatten()[perm])
+def test_interleaved_groups_with_any_ids_match_each_group_alone() -> None:
+    rewards, ids = [1.0, 0.0, 0.0, 0.0, 0.0, 2.0, 1.0, 1.0], ["a", "a", "a", "a", 7, 7, 7, 7]
+    perm = [5, 0, 7, 2, 4, 1, 6, 3]  # groups interleaved, ids not 0..G-1
+    flat = group_advantages([rewards[i] for i in perm], [ids[i] for i in perm])
+    alone = group_advantages(rewards[:4], [0] * 4) + group_advantages(rewards[4:], [0] * 4)
+    assert flat == pytest.approx([alone[i] for i in perm])
 
 
-def test_flat_groups_of_unequal_size_and_singletons() -> None:
-    rewards = torch.tensor([1.0, 0.0, 3.0, 5.0, 5.0])
-    ids = torch.tensor([0, 0, 1, 2, 2])
-    adv = group_advantages(rewards, ids)
+def test_groups_of_unequal_size_and_singletons() -> None:
+    adv = group_advantages([1.0, 0.0, 3.0, 5.0, 5.0], [0, 0, 1, 2, 2])
     # group 0: mean 0.5, std 0.5 -> +-1; group 1 is one sample; group 2 is all equal.
-    torch.testing.assert_close(adv, torch.tensor([1.0, -1.0, 0.0, 0.0, 0.0]), atol=1e-5, rtol=0)
+    assert adv == pytest.approx([1.0, -1.0, 0.0, 0.0, 0.0], abs=1e-5)
 
 
-def test_grid_rewards_must_be_2d() -> None:
-    with pytest.raises(ValueError, match="G, n"):
-        group_advantages(torch.zeros(4))
+def test_a_group_id_for_each_reward() -> None:
+    with pytest.raises(ValueError, match="4 rewards but 3 group ids"):
+        group_advantages([0.0] * 4, [0, 0, 0])
+
+
+def test_mean_and_std_are_the_population_ones() -> None:
+    assert mean_and_std([1.0, 0.0, 0.0, 0.0]) == pytest.approx((0.25, math.sqrt(0.1875)))
+    assert mean_and_std([]) == (0.0, 0.0)
 
 
 # --- masked mean ---------------------------------------------------------------------

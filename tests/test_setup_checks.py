@@ -9,7 +9,9 @@ traceback is printed, and how long it took. `rljob validate --deep` runs the sam
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -27,7 +29,7 @@ from tiny_models import char_llama
 
 RLJOB = str(Path(sys.executable).parent / "rljob")
 FAST_SECONDS = 5.0  # every check here is cheap (the model load, the slowest, comes last); the time is printed
-RAY_AND_CHECK_SECONDS = 20.0  # a model load that fails beside Ray's start, and Ray's stop (about 5 s here)
+RAY_AND_CHECK_SECONDS = 20.0  # a model load that fails beside Ray's start or in a pool, and Ray's stop (5-7 s here)
 
 
 @pytest.fixture(scope="module")
@@ -190,13 +192,40 @@ def _processes_with(marker: str) -> list[str]:
     return found
 
 
-def test_a_model_folder_that_does_not_load_is_one_line_and_stops_ray(assets, tmp_path):
+@pytest.mark.parametrize("tokenizer_json", [True, False], ids=["read-without-torch", "transformers-reads-it"])
+def test_a_model_folder_that_does_not_load_is_one_line_and_stops_ray(assets, tmp_path, tokenizer_json):
     """The model folders load in a thread while Ray starts (see driver/local.py): their error is still
-    one line, and the Ray node started beside the check is stopped, not left behind."""
+    one line, and the Ray node started beside the check is stopped, not left behind. A folder with a
+    tokenizer.json is read with `tokenizers` and json; one without, by transformers."""
     broken = tmp_path / "broken-model"
-    broken.mkdir()
+    if tokenizer_json:
+        shutil.copytree(assets / "model", broken)
+    else:
+        broken.mkdir()
     (broken / "config.json").write_text("{not json")
-    job = _job(assets, tmp_path, lambda s: s["model"].update(path=str(broken)))
+    stderr = _run_refused_beside_ray(assets, tmp_path, broken, "does not load")
+    assert f"spec.model.path: {broken} does not load" in stderr
+    assert ("ValueError: config.json: Expecting property name" in stderr) == tokenizer_json, stderr
+
+
+def test_a_model_type_transformers_does_not_know_is_one_line_from_the_pool(assets, tmp_path):
+    """The driver reads the folder's files without transformers (it would import torch); a model type
+    only transformers can refuse is refused by the pools loading it, still one line naming the field."""
+    unknown = tmp_path / "unknown-model"
+    shutil.copytree(assets / "model", unknown)
+    config = json.loads((unknown / "config.json").read_text())
+    (unknown / "config.json").write_text(json.dumps({**config, "model_type": "no-such-model"}))
+    stderr = _run_refused_beside_ray(assets, tmp_path, unknown, "pool did not start")
+    assert f"(spec.model.path: {unknown}): ValueError: " in stderr and "`no-such-model`" in stderr
+    # `rljob validate --deep` starts no pool: it loads the folder with transformers, and refuses it itself
+    done, seconds = _run("validate", "--deep", str(tmp_path / "job.yaml"), cwd=assets)
+    _assert_one_line(done, seconds, f"spec.model.path: {unknown} does not load: ValueError: ", rc=1)
+
+
+def _run_refused_beside_ray(assets: Path, tmp_path: Path, model: Path, expected: str) -> str:
+    """`rljob run` of the example on `model`: refused in one line with `expected`, exit 2, within Ray's
+    start and stop, and none of Ray's processes left. Its stderr."""
+    job = _job(assets, tmp_path, lambda s: s["model"].update(path=str(model)))
     marker = f"rljob-setup-test-{os.getpid()}-{time.monotonic_ns()}"
     started = time.monotonic()
     done = subprocess.run(
@@ -208,7 +237,7 @@ def test_a_model_folder_that_does_not_load_is_one_line_and_stops_ray(assets, tmp
         env={**_env(assets), "RLJOB_SETUP_TEST_MARK": marker},
     )
     seconds = time.monotonic() - started
-    # Ray's start and stop come on top of the check: seconds still, not a pool's start-up.
-    _assert_one_line(done, seconds, "does not load", rc=2, within=RAY_AND_CHECK_SECONDS)
-    assert f"spec.model.path: {broken} does not load" in done.stderr
+    # Ray's start and stop come on top of the check (and a pool's start on top of a pool's refusal): seconds still.
+    _assert_one_line(done, seconds, expected, rc=2, within=RAY_AND_CHECK_SECONDS)
     assert not _processes_with(marker), "Ray's processes outlived the refused run"
+    return done.stderr

@@ -11,7 +11,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rljob_workers.models import tiny
 from rljob_workers.tasks import arithmetic
-from rljob_workers.trainer.grpo import group_advantages, grpo_loss, token_logprobs
+from rljob_workers.trainer.grpo import grpo_loss, token_logprobs
+from rljob_workers.trainer.samples import group_advantages
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +144,7 @@ def test_grpo_teaches_the_tiny_model(model_dir: Path) -> None:
     for step in range(25):
         model.eval()
         enc, completion, mask, rewards, behaviour = _rollout(model, tok, train[16 * step : 16 * (step + 1)], group=8)
-        advantages = group_advantages(rewards.view(16, 8)).flatten()
+        advantages = torch.tensor(group_advantages(rewards.tolist(), [i // 8 for i in range(len(rewards))]))
         model.train()
         for inner in range(2):
             loss, metrics = grpo_loss(_logprobs(model, enc, completion), behaviour, advantages, mask)

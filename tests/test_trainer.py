@@ -20,13 +20,8 @@ from rljob_api import AlgorithmSpec, CheckpointSpec, WeightSyncSpec
 from rljob_api.workercfg import TrainerWorkerConfig
 from rljob_workers.trainer import checkpoint
 from rljob_workers.trainer.grpo import token_logprobs
-from rljob_workers.trainer.policy import (
-    PolicyTrainer,
-    TrainSample,
-    collate,
-    combine_rank_metrics,
-    largest_part_sizes,
-)
+from rljob_workers.trainer.policy import PolicyTrainer, collate, largest_part_sizes
+from rljob_workers.trainer.samples import TrainSample, combine_rank_metrics
 
 from tiny_models import char_llama
 

@@ -39,7 +39,7 @@ from rljob_workers.driver.controller.loop import Controller
 from rljob_workers.driver.controller.rollout_clients import RolloutClients
 from rljob_workers.driver.reward_router import RewardRouter
 from rljob_workers.engines.base import FinishedSample, FinishReason, PromptInput, SamplingConfig, sample_slots
-from rljob_workers.trainer.policy import TrainSample
+from rljob_workers.trainer.samples import TrainSample
 from rljob_workers.weights.publisher import WeightPublisher, weight_service
 
 REPO = Path(__file__).resolve().parents[2]

@@ -132,7 +132,7 @@ def teacher_forced(trainer: Any, samples: list[Any]) -> list[torch.Tensor]:
 
 def train_samples(trainer: Any, size: Size, token_range: tuple[int, int]) -> list[Any]:
     """Random prompt + completion tokens, advantages +-1, behaviour log-probs the policy's own (on-policy)."""
-    from rljob_workers.trainer.policy import TrainSample
+    from rljob_workers.trainer.samples import TrainSample
 
     gen = torch.Generator().manual_seed(1)
     ids = torch.randint(*token_range, (size.batch, size.prompt + size.new_tokens), generator=gen).tolist()
@@ -282,7 +282,7 @@ async def engine_vs_generate(engine: Any, size: Size, token_range: tuple[int, in
 
 def logprob_row(trainer: Any, samples: list[Any]) -> Row:
     """The engine's behaviour log-probs against the trainer's teacher-forced forward of the same tokens."""
-    from rljob_workers.trainer.policy import TrainSample
+    from rljob_workers.trainer.samples import TrainSample
 
     train = [TrainSample(list(s.prompt_token_ids), list(s.token_ids), [0.0] * len(s.token_ids), 0.0) for s in samples]
     forced = torch.cat(teacher_forced(trainer, train))

@@ -149,15 +149,10 @@ async def _one_step(parts: dict[str, Any], version: int) -> tuple[dict[str, floa
 
 
 def _train(trainer: Any, finished: list[Any], scores: list[float], algo: Any) -> None:
-    import torch
+    from rljob_workers.trainer.samples import TrainSample, group_advantages
 
-    from rljob_workers.trainer.grpo import group_advantages
-    from rljob_workers.trainer.policy import TrainSample
-
-    groups = {pid: i for i, pid in enumerate(dict.fromkeys(f.prompt_id for f in finished))}
-    ids = torch.tensor([groups[f.prompt_id] for f in finished], dtype=torch.long)
-    values = torch.tensor(scores, dtype=torch.float32)
-    advantages = group_advantages(values, ids, scale_by_std=algo.scale_rewards_by_std).tolist()
+    ids = [f.prompt_id for f in finished]
+    advantages = group_advantages(scores, ids, scale_by_std=algo.scale_rewards_by_std)
     samples = [
         TrainSample(list(f.prompt_token_ids), list(f.token_ids), list(f.logprobs), a)
         for f, a in zip(finished, advantages, strict=True)

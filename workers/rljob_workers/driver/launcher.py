@@ -10,9 +10,9 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import psutil
 import ray
@@ -21,12 +21,12 @@ from rljob.v1 import rollout_service_pb2
 from rljob_api.workercfg import Pool, WorkerConfigs, pool_resource
 from rljob_workers.common.auth import TOKEN_FILE_ENV
 from rljob_workers.driver.actors import RewardActor, RolloutActor, TrainerActor
+from rljob_workers.driver.setup import SetupError, first_line
 from rljob_workers.driver.stopping import StoppedBeforePoolsUp
-
-if TYPE_CHECKING:  # torch: `rljob run` starts Ray before the driver imports it (see local.py)
-    from rljob_workers.trainer.policy import TrainSample
+from rljob_workers.trainer.samples import TrainSample, combine_rank_metrics
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # How long a replica may take to stop cleanly before it is killed: a replica wedged in a collective
 # or an engine must not hold up the run's end or a scale-down.
@@ -163,6 +163,18 @@ def worker_env(token_file: str) -> dict[str, str]:
     return {**WORKER_ENV, TOKEN_FILE_ENV: token_file}
 
 
+async def pool_started(pool: Pool, loads: str, start: Awaitable[T]) -> T:
+    """`start`'s result. A replica whose start raised (its model does not load, say: the driver's check
+    reads the folder's files, a pool's transformers knows its model types) is one line naming the pool
+    and what it loads, as a SetupError, not Ray's traceback of the actor."""
+    try:
+        return await start
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if exc.cause is not None else exc
+        why = f"{type(cause).__name__}: {first_line(cause)}"
+        raise SetupError(f"the {pool} pool did not start ({loads}): {why}") from None
+
+
 def _options(pool: Pool, cpus: float, gpus: int, env: dict[str, str] | None) -> dict[str, Any]:
     """An actor of `pool`, given `env` as its runtime env (None: the Ray node already has it)."""
     options: dict[str, Any] = {
@@ -211,8 +223,6 @@ class RayTrainer:
         results = await asyncio.gather(
             *(a.train_step.remote(s, len(samples), tokens) for a, s in zip(self.actors, shards, strict=True))
         )
-        from rljob_workers.trainer.policy import combine_rank_metrics
-
         return combine_rank_metrics(results)
 
     async def publish(self, version: int, broadcast: bool = False) -> None:

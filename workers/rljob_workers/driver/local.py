@@ -81,8 +81,8 @@ def _run_local(args: argparse.Namespace, locks: list[FolderLock]) -> int:
 
 def check_models_while_ray_starts(job: RLJob, output: Path) -> WorkerConfigs:
     """`prepare`'s last check, that the model folders load, in a thread while this thread starts the
-    local Ray node: the check imports transformers and torch (seconds), Ray's start is mostly waiting
-    on its processes. Returns the pools' configs.
+    local Ray node, with the import of the controller: both take CPU-seconds, Ray's start is mostly
+    waiting on its processes. Returns the pools' configs.
 
     Ray starts here, not in the thread, because its processes die with the thread that started them
     (PR_SET_PDEATHSIG). A model check's error wins over Ray's: it is the one the user can act on."""
@@ -103,8 +103,8 @@ def check_models_while_ray_starts(job: RLJob, output: Path) -> WorkerConfigs:
 
 
 def _check_models_and_import(job: RLJob) -> None:
-    check_models(job)
-    import rljob_workers.driver.local_run  # noqa: F401  torch and the controller, while Ray still starts
+    check_models(job, without_torch=True)
+    import rljob_workers.driver.local_run  # noqa: F401  the controller, while Ray still starts
 
 
 def _stop_ray() -> None:

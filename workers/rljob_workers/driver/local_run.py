@@ -32,6 +32,7 @@ from rljob_workers.driver.launcher import (
     RayTrainer,
     init_local_ray,
     init_ray,
+    pool_started,
     reward_pool,
     rollout_pool,
     shutdown_ray,
@@ -124,23 +125,21 @@ class LocalRun:
         self.clients.token = self.router.token = token.value
 
     async def _start_pools(self, resume_dir: Path | None) -> RayTrainer:
-        assert self.token is not None  # main() set it
-        c = self.configs
-        trainer_task = asyncio.ensure_future(
-            RayTrainer.start(c, self.cpus["trainer"], str(resume_dir) if resume_dir else None, self.actor_env)
-        )
+        c, model = self.configs, f"spec.model.path: {self.job.spec.model.path}"
+        rollouts, rewards = c.controller.rollout_replicas, max(c.controller.reward_replicas.min, 1)
+        resume = str(resume_dir) if resume_dir else None
         # Every pool starts at once: a replica's start is mostly its process importing and loading.
-        rollouts = c.controller.rollout_replicas
-        started = await asyncio.gather(
-            *(self.rollout.add() for _ in range(rollouts)),
-            *(self.reward.add() for _ in range(max(c.controller.reward_replicas.min, 1))),
+        replicas = asyncio.gather(
+            *(pool_started("rollout", model, self.rollout.add()) for _ in range(rollouts)),
+            *(pool_started("reward", "spec.reward.functions", self.reward.add()) for _ in range(rewards)),
         )
-        replicas, rewards = started[:rollouts], started[rollouts:]
-        for name, address in replicas:
+        trainer_started = RayTrainer.start(c, self.cpus["trainer"], resume, self.actor_env)
+        started, trainer = await asyncio.gather(replicas, pool_started("trainer", model, trainer_started))
+        for name, address in started[:rollouts]:
             self.clients.add(name, address)
-        for name, address in rewards:
+        for name, address in started[rollouts:]:
             await self.router.add_replica(name, address)
-        return await trainer_task
+        return trainer
 
     def _pool_sizes(self) -> dict[str, tuple[int, int, list[str]]]:
         c = self.configs

@@ -65,11 +65,10 @@ def check_quickly(job: RLJob, steps: int | None) -> None:
     check_freeze(job)
 
 
-def check_models(job: RLJob) -> None:
-    """Every model folder loads: the policy's and each reward model's. Seconds: the first imports
-    transformers (and with it torch)."""
+def check_models(job: RLJob, *, without_torch: bool = False) -> None:
+    """Every model folder loads: the policy's and each reward model's (see `check_model`)."""
     for path, field in _model_folders(job):
-        check_model(path, field)
+        check_model(path, field, without_torch=without_torch)
 
 
 def _model_folders(job: RLJob) -> Iterator[tuple[str, str]]:
@@ -107,17 +106,49 @@ def check_model_folder(path: str, field: str) -> None:
         raise SetupError(f"{field}: {path} has no config.json: not a transformers model folder")
 
 
-def check_model(path: str, field: str) -> None:
-    """A transformers model folder: config.json and a tokenizer that load with no network."""
+def check_model(path: str, field: str, *, without_torch: bool = False) -> None:
+    """A transformers model folder whose config and tokenizer load with no network.
+
+    `without_torch` (`rljob run`, whose pools start beside the driver on the same cores): a folder
+    with a tokenizer.json (what fast tokenizers save) is read by `tokenizers` and its JSON files
+    parsed. transformers would import torch, 2.9 CPU-seconds here taken from the pools' start; a
+    model type it does not know is then told by the pools as they load it. Other tokenizer formats,
+    and `rljob validate --deep`, load with transformers itself."""
     check_model_folder(path, field)
     folder = Path(path)
-    from transformers import AutoConfig, AutoTokenizer
-
     try:
-        AutoConfig.from_pretrained(folder, local_files_only=True)
-        AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        if without_torch and (folder / "tokenizer.json").is_file():
+            _load_without_torch(folder)
+        else:
+            from transformers import AutoConfig, AutoTokenizer
+
+            AutoConfig.from_pretrained(folder, local_files_only=True)
+            AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except Exception as exc:  # any loader failure is this folder's fault; say which and why
         raise SetupError(f"{field}: {path} does not load: {type(exc).__name__}: {first_line(exc)}") from None
+
+
+def _load_without_torch(folder: Path) -> None:
+    """config.json names a model type, the other JSON files parse, tokenizer.json loads; an error
+    names its file."""
+    from tokenizers import Tokenizer
+
+    def load(name: str) -> object:
+        try:
+            return (
+                Tokenizer.from_file(str(folder / name))
+                if name == "tokenizer.json"
+                else json.loads((folder / name).read_text())
+            )
+        except Exception as exc:
+            raise ValueError(f"{name}: {first_line(exc)}") from None
+
+    config = load("config.json")
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        raise ValueError("config.json names no model_type")
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json", "tokenizer.json"):
+        if (folder / name).is_file():
+            load(name)
 
 
 def check_freeze(job: RLJob) -> None:

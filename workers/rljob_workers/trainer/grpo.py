@@ -1,4 +1,5 @@
-"""GRPO as pure tensor functions: advantages, log-probs, the clipped surrogate and KL.
+"""GRPO as pure tensor functions: log-probs, the clipped surrogate and KL (the group-relative
+advantages, plain Python for the torch-free controller, are in `samples.py`).
 
 Shapes: ``B`` sequences (completions), ``T`` completion tokens, ``V`` vocabulary.
 Per-token tensors are ``[B, T]`` and come with a ``mask`` of the same shape (1 for a real
@@ -22,57 +23,6 @@ KLKind = Literal["k1", "k2", "k3"]
 # exp() of a log-ratio beyond this overflows float32 long before it means anything;
 # clamping keeps one wild token from turning a whole batch's loss into inf.
 _MAX_LOG_RATIO = 20.0
-
-
-def group_advantages(
-    rewards: Tensor,
-    group_ids: Tensor | None = None,
-    *,
-    eps: float = 1e-6,
-    scale_by_std: bool = True,
-) -> Tensor:
-    """Group-relative advantages: ``(r - mean(group)) / (std(group) + eps)``.
-
-    ``rewards`` is either ``[G, n]`` (G groups of n completions of one prompt each) or
-    flat ``[N]`` with ``group_ids`` ``[N]`` naming each sample's group (groups may then
-    differ in size, as when some samples were dropped). The result has the shape of
-    ``rewards``.
-
-    The std is the population std (divide by n, not n - 1): a group of one then has
-    advantage 0 rather than NaN, and a group's advantages have unit variance.
-    ``scale_by_std=False`` gives the unscaled Dr. GRPO form ``r - mean``.
-    A group whose rewards are all equal carries no signal and gets exactly 0, even
-    where float rounding would leave ``r - mean`` a hair off zero.
-    """
-    r = rewards.float()
-    if group_ids is None:
-        if r.dim() != 2:
-            raise ValueError(f"rewards must be [G, n] without group_ids, got {tuple(r.shape)}")
-        mean = r.mean(dim=1, keepdim=True)
-        std = r.std(dim=1, correction=0, keepdim=True)
-        flat = (r.amax(dim=1, keepdim=True) == r.amin(dim=1, keepdim=True)).expand_as(r)
-    else:
-        if r.dim() != 1 or group_ids.shape != r.shape:
-            raise ValueError("flat rewards and group_ids must both be [N]")
-        mean, std, flat = _group_stats(r, group_ids)
-    adv = r - mean
-    if scale_by_std:
-        adv = adv / (std + eps)
-    return adv.masked_fill(flat, 0.0)
-
-
-def _group_stats(r: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-sample mean, population std and all-equal flag of each sample's group."""
-    _, inverse = torch.unique(group_ids, return_inverse=True)
-    n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
-    zeros = r.new_zeros(n_groups)
-    count = zeros.scatter_add(0, inverse, torch.ones_like(r))
-    mean = zeros.scatter_add(0, inverse, r) / count
-    sq_dev = (r - mean[inverse]) ** 2
-    std = (zeros.scatter_add(0, inverse, sq_dev) / count).sqrt()
-    hi = zeros.scatter_reduce(0, inverse, r, reduce="amax", include_self=False)
-    lo = zeros.scatter_reduce(0, inverse, r, reduce="amin", include_self=False)
-    return mean[inverse], std[inverse], (hi == lo)[inverse]
 
 
 def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:

@@ -7,8 +7,7 @@ up by the caller). Math lives in `grpo.py`; this file only batches and steps.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,16 +18,7 @@ from rljob_api.workercfg import TrainerWorkerConfig
 from rljob_workers.common.device import resolve_dtype
 from rljob_workers.common.freeze import frozen_names
 from rljob_workers.trainer.grpo import grpo_loss, token_logprobs
-
-
-@dataclass
-class TrainSample:
-    """One scored sample as the trainer needs it; `advantage` is already group-relative."""
-
-    prompt_token_ids: list[int]
-    token_ids: list[int]
-    behaviour_logprobs: list[float]
-    advantage: float
+from rljob_workers.trainer.samples import TrainSample
 
 
 def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -> dict[str, Tensor]:
@@ -52,19 +42,6 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     batch = {"input_ids": input_ids, "attention_mask": attention, "mask": mask, "behaviour": behaviour}
     return {k: v.to(device) for k, v in {**batch, "advantages": advantages}.items()}
-
-
-def combine_rank_metrics(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
-    """The train step's metrics over all ranks, from each rank's `train_step` result.
-
-    Every rank weights its figures by the whole batch, so they add up; `grad_norm` is the norm
-    of the already reduced gradients, the same on every rank, so it is taken once.
-    """
-    names = dict.fromkeys(name for metrics in per_rank for name in metrics)
-    combined = {name: sum(metrics.get(name, 0.0) for metrics in per_rank) for name in names}
-    if "grad_norm" in combined:
-        combined["grad_norm"] = per_rank[0]["grad_norm"]
-    return combined
 
 
 def freeze_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> frozenset[str]:

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-
 from rljob_workers.driver.controller.groups import Group, staleness
-from rljob_workers.trainer.grpo import group_advantages
-from rljob_workers.trainer.policy import TrainSample
+from rljob_workers.trainer.samples import TrainSample, group_advantages
 
 
 def train_batch(
@@ -16,13 +13,7 @@ def train_batch(
     against `version` (the version being trained), and the groups' prompt ids."""
     scored = [(group_id, sample) for group_id, group in enumerate(groups) for sample in group.scored]
     rewards = [float(sample.reward or 0.0) for _, sample in scored]
-    # One call for the whole batch: torch's fixed cost per call, paid per group, was most of the
-    # controller's time per step.
-    advantages = group_advantages(
-        torch.tensor(rewards, dtype=torch.float32),
-        torch.tensor([group_id for group_id, _ in scored], dtype=torch.long),
-        scale_by_std=scale_by_std,
-    ).tolist()
+    advantages = group_advantages(rewards, [group_id for group_id, _ in scored], scale_by_std=scale_by_std)
     samples = [
         TrainSample(s.prompt_token_ids, s.token_ids, s.logprobs, advantage)
         for (_, s), advantage in zip(scored, advantages, strict=True)

@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import torch
 
 from rljob.v1 import sample_pb2
 from rljob_api.workercfg import ControllerConfig
@@ -34,6 +33,7 @@ from rljob_workers.driver.controller.messages import contiguous_runs, generate_r
 from rljob_workers.driver.controller.report import Counts, RunFailed, Scorer, StepReport, Trainer
 from rljob_workers.driver.controller.rollout_clients import Replica, ReplicaLost, RolloutClients
 from rljob_workers.trainer.checkpoint import step_dir
+from rljob_workers.trainer.samples import mean_and_std
 
 log = logging.getLogger(__name__)
 
@@ -129,13 +129,13 @@ class Controller:
             await self._release
         checkpoint_due = self._checkpointed_now()
         written = str(step_dir(Path(self.config.checkpoint.dir), self.step)) if checkpoint_due else self.last_checkpoint
-        rewards_t = torch.tensor(rewards) if rewards else torch.zeros(1)
+        reward_mean, reward_std = mean_and_std(rewards)
         self.on_step(
             StepReport(
                 step=self.step,
                 version=self.version,
-                reward_mean=float(rewards_t.mean()),
-                reward_std=float(rewards_t.std(correction=0)),
+                reward_mean=reward_mean,
+                reward_std=reward_std,
                 staleness_mean=sum(lags) / max(len(lags), 1),
                 staleness_max=max(lags, default=0),
                 samples=len(samples),

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from rljob.v1 import sample_pb2
-from rljob_workers.trainer.policy import TrainSample
+from rljob_workers.trainer.samples import TrainSample
 
 
 class RunFailed(RuntimeError):
