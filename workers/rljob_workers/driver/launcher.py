@@ -164,9 +164,9 @@ def worker_env(token_file: str) -> dict[str, str]:
 
 
 async def pool_started(pool: Pool, loads: str, start: Awaitable[T]) -> T:
-    """`start`'s result. A replica whose start raised (its model does not load, say: the driver's check
-    reads the folder's files, a pool's transformers knows its model types) is one line naming the pool
-    and what it loads, as a SetupError, not Ray's traceback of the actor."""
+    """`start`'s result. A replica whose start raised (a model type only the pool's transformers can
+    refuse, say: see setup.check_model) is one SetupError line naming the pool and what it loads, not
+    Ray's traceback of the actor."""
     try:
         return await start
     except ray.exceptions.RayTaskError as exc:

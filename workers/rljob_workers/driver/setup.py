@@ -14,7 +14,7 @@ import importlib.util
 import inspect
 import json
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from rljob_api import RLJob, derive_worker_configs, load_rljob
@@ -133,22 +133,21 @@ def _load_without_torch(folder: Path) -> None:
     names its file."""
     from tokenizers import Tokenizer
 
-    def load(name: str) -> object:
-        try:
-            return (
-                Tokenizer.from_file(str(folder / name))
-                if name == "tokenizer.json"
-                else json.loads((folder / name).read_text())
-            )
-        except Exception as exc:
-            raise ValueError(f"{name}: {first_line(exc)}") from None
-
-    config = load("config.json")
+    config = _read(folder / "config.json", lambda path: json.loads(path.read_text()))
     if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
         raise ValueError("config.json names no model_type")
-    for name in ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json", "tokenizer.json"):
+    for name in ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
         if (folder / name).is_file():
-            load(name)
+            _read(folder / name, lambda path: json.loads(path.read_text()))
+    _read(folder / "tokenizer.json", lambda path: Tokenizer.from_file(str(path)))
+
+
+def _read(path: Path, reader: Callable[[Path], object]) -> object:
+    """`reader(path)`; its error as a ValueError that starts with the file's name."""
+    try:
+        return reader(path)
+    except Exception as exc:
+        raise ValueError(f"{path.name}: {first_line(exc)}") from None
 
 
 def check_freeze(job: RLJob) -> None:
