@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import psutil
@@ -236,3 +237,58 @@ def test_a_start_whose_gcs_never_writes_its_port_is_made_once_more(monkeypatch, 
         assert ray.get(_environment_variable.remote("PATH"))
     finally:
         launcher.shutdown_ray()
+
+
+def _seconds_from_registration_to_connect(start: Callable[[], None], monkeypatch) -> float:
+    """Start a local node with `start`; seconds from its raylet registering with the GCS (the node's
+    start time there) to ray.init connecting this driver to it: what ray.init waits after its node is up."""
+    connecting: list[float] = []
+    connect = ray._private.worker.connect
+
+    def timed_connect(*args: Any, **kwargs: Any) -> Any:
+        connecting.append(time.time())
+        return connect(*args, **kwargs)
+
+    monkeypatch.setattr(ray._private.worker, "connect", timed_connect)
+    start()
+    try:
+        raylet: Any = ray._raylet  # compiled; its stub names no GCS client
+        local_node: Any = ray._private.worker._global_node
+        gcs = raylet.GcsClient(address=local_node.gcs_address)
+        (node,) = gcs.get_all_node_info(timeout=10).values()
+    finally:
+        launcher.shutdown_ray()
+    return connecting[0] - node.start_time_ms / 1000
+
+
+def test_the_local_start_goes_on_as_soon_as_its_raylet_registers(monkeypatch):
+    """Ray asks the GCS for its new raylet 0.1 s after launching it and then once a second, while the
+    raylet registers only once its agents are up (0.8 to 1.2 s in here): up to a second of every local
+    start spent idle. start_local_ray goes on within a few polls. Ray's own start beside it, printed."""
+
+    def plain() -> None:
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+
+    baseline = _seconds_from_registration_to_connect(plain, monkeypatch)
+    prompt = [
+        _seconds_from_registration_to_connect(lambda: launcher.start_local_ray(2, {"reward": 2}), monkeypatch)
+        for _ in range(2)
+    ]
+    print(f"raylet registered → driver connects: ray.init {baseline:.3f} s, start_local_ray {prompt} s")
+    assert max(prompt) < 0.2, f"start_local_ray waited {prompt} s after its raylet registered"
+
+
+def test_a_start_whose_quick_raylet_lookup_fails_comes_up_through_rays_own(monkeypatch, caplog):
+    """The quick lookup uses Ray's private GCS client; a Ray that moved it still starts, at its own pace."""
+
+    def moved(**kwargs: Any) -> None:
+        raise AttributeError("module 'ray._raylet' has no attribute 'GcsClient'")
+
+    monkeypatch.setattr(ray._raylet, "GcsClient", moved)
+    caplog.set_level(logging.DEBUG, logger=launcher.__name__)
+    launcher.start_local_ray(2, {"reward": 2})
+    try:
+        assert ray.get(_environment_variable.remote("PATH"))
+    finally:
+        launcher.shutdown_ray()
+    assert "waiting for the raylet without Ray's polling failed: module 'ray._raylet'" in caplog.text

@@ -10,9 +10,10 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import psutil
 import ray
@@ -38,6 +39,12 @@ STOP_GRACE_SECONDS = 30.0
 # child: see common/grpc_env.py.)
 RAY_START_ATTEMPTS = 2
 RAY_START_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
+# Ray's start asks the GCS for its new raylet 0.1 s after launching it, then once a second
+# (GlobalStateAccessor::GetNode sleeps 1 s between tries), while the raylet registers only once its
+# agents are up, 0.8 to 1.2 s in on a 2-core machine: up to a second of every local start spent idle.
+# The driver asks far more often; Ray's own lookup, and its own timeout, come after.
+RAYLET_POLL_SECONDS = 0.02
+RAYLET_WAIT_SECONDS = 30.0
 
 
 def init_local_ray(
@@ -136,15 +143,57 @@ def init_ray(**options: Any) -> None:
 
 
 def _start_ray(cpus: int, resources: dict[Pool, int]) -> None:
-    init_ray(
-        address="local",
-        num_cpus=cpus,
-        resources={pool_resource(pool): count for pool, count in resources.items()},
-        include_dashboard=False,
-        logging_level=logging.WARNING,
-        configure_logging=True,
-        log_to_driver=True,
-    )
+    with _prompt_raylet_lookup():
+        init_ray(
+            address="local",
+            num_cpus=cpus,
+            resources={pool_resource(pool): count for pool, count in resources.items()},
+            include_dashboard=False,
+            logging_level=logging.WARNING,
+            configure_logging=True,
+            log_to_driver=True,
+        )
+
+
+@contextlib.contextmanager
+def _prompt_raylet_lookup() -> Iterator[None]:
+    """Ray's start, told of its raylet within RAYLET_POLL_SECONDS of it registering. Ray has no public
+    hook for it: its private node lookup is wrapped for the block; a Ray without it keeps its 1 s polls."""
+    services = ray._private.services
+    ray_get_node = getattr(services, "get_node", None)
+    if ray_get_node is None:
+        yield
+        return
+
+    def get_node(gcs_address: str, node_id: str) -> Any:
+        _wait_for_raylet(gcs_address, node_id)
+        return ray_get_node(gcs_address, node_id)
+
+    services.get_node = get_node
+    try:
+        yield
+    finally:
+        services.get_node = ray_get_node
+
+
+def _wait_for_raylet(gcs_address: str, node_id: str) -> None:
+    """Return once the GCS lists `node_id` alive, or after RAYLET_WAIT_SECONDS. A lookup that fails
+    (Ray's private names moved) ends the wait: Ray's own lookup follows and reports what it finds."""
+    deadline = time.monotonic() + RAYLET_WAIT_SECONDS
+    try:
+        from ray.core.generated import gcs_pb2, gcs_service_pb2
+
+        # Compiled and generated modules whose stubs name none of these.
+        raylet, nodes, requests = cast(Any, ray._raylet), cast(Any, gcs_pb2), cast(Any, gcs_service_pb2)
+        gcs = raylet.GcsClient(address=gcs_address)
+        selector = requests.GetAllNodeInfoRequest.NodeSelector(node_id=ray.NodeID.from_hex(node_id).binary())
+        alive = nodes.GcsNodeInfo.GcsNodeState.ALIVE
+        while not gcs.get_all_node_info(timeout=5, node_selectors=[selector], state_filter=alive):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(RAYLET_POLL_SECONDS)
+    except Exception as exc:  # only a speed-up: Ray's own lookup is still right
+        log.debug("waiting for the raylet without Ray's polling failed: %s", exc)
 
 
 # Workers never reach a model hub, and transformers' progress bars would flood the driver's log.
