@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import logging
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
-import psutil
 import pytest
 import ray
 
-from rljob_workers.driver import launcher
+from rljob_workers.driver import launcher, ray_node
 from rljob_workers.driver.launcher import ActorPool
 
 pytestmark = pytest.mark.ray
@@ -40,11 +36,11 @@ class WedgedReplica:
 
 @pytest.fixture
 def local_ray() -> Iterator[None]:
-    launcher.start_local_ray(2, {"reward": 2})
+    ray_node.start_local_ray(2, {"reward": 2})
     try:
         yield
     finally:
-        launcher.shutdown_ray()
+        ray_node.shutdown_ray()
 
 
 def test_a_replica_that_does_not_stop_in_its_grace_period_is_killed(local_ray, monkeypatch):
@@ -63,232 +59,3 @@ def test_a_replica_that_does_not_stop_in_its_grace_period_is_killed(local_ray, m
     assert 1.0 <= seconds < 10, seconds
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(actor.ping.remote(), timeout=30)  # type: ignore[attr-defined]
-
-
-RAY_TIMEOUT = (
-    "The current node timed out during startup. This could happen because some of the raylet failed to "
-    "startup or the GCS has become overloaded."
-)
-
-
-def _configs() -> launcher.WorkerConfigs:
-    from rljob_api import derive_worker_configs, load_rljob
-
-    from conftest import REPO
-
-    return derive_worker_configs(load_rljob(REPO / "examples" / "arithmetic.yaml"))
-
-
-def test_a_ray_start_that_times_out_is_made_once_more(monkeypatch, caplog):
-    """Ray's start failing on its own fixed startup timeout cannot be brought about on demand (it came in
-    CI, on a busy machine), so Ray's start is stood in for here: the first times out as Ray does."""
-    calls: list[str] = []
-
-    def start(cpus: int, resources: dict[str, int]) -> None:
-        calls.append("start")
-        if len(calls) == 1:
-            raise Exception(RAY_TIMEOUT)
-
-    monkeypatch.setattr(launcher, "_start_ray", start)
-    monkeypatch.setattr(launcher.ray, "shutdown", lambda: calls.append("shutdown"))
-    launcher.init_local_ray(_configs(), 1, 1, 1, {})
-    assert calls == ["start", "shutdown", "start"]
-    assert "Ray's node did not come up (The current node timed out during startup); starting Ray again" in caplog.text
-
-
-def test_other_ray_start_errors_and_a_second_timeout_are_raised(monkeypatch):
-    def refuse(cpus: int, resources: dict[str, int]) -> None:
-        raise ValueError("num_cpus must be positive")
-
-    monkeypatch.setattr(launcher, "_start_ray", refuse)
-    with pytest.raises(ValueError, match="num_cpus"):
-        launcher.init_local_ray(_configs(), 1, 1, 1, {})
-
-    def time_out(cpus: int, resources: dict[str, int]) -> None:
-        raise Exception(RAY_TIMEOUT)
-
-    monkeypatch.setattr(launcher, "_start_ray", time_out)
-    monkeypatch.setattr(launcher.ray, "shutdown", lambda: None)
-    with pytest.raises(Exception, match="timed out during startup"):
-        launcher.init_local_ray(_configs(), 1, 1, 1, {})
-
-
-@ray.remote
-def _environment_variable(name: str) -> str | None:
-    import os
-
-    return os.environ.get(name)
-
-
-def test_the_pools_environment_reaches_ray_workers_and_leaves_the_driver_as_it_was(monkeypatch):
-    """The local node starts with the pools' variables, so actors need no runtime env of their own;
-    the driver's own environment is left as it was (a test or a restart in this process sees no token
-    file it was not given)."""
-    import os
-
-    monkeypatch.delenv("RLJOB_LAUNCHER_TEST", raising=False)
-    monkeypatch.setenv("RLJOB_LAUNCHER_KEPT", "driver")
-    launcher.init_local_ray(_configs(), 1, 1, 1, {"RLJOB_LAUNCHER_TEST": "pools", "RLJOB_LAUNCHER_KEPT": "pools"})
-    try:
-        seen = ray.get([_environment_variable.remote(n) for n in ("RLJOB_LAUNCHER_TEST", "RLJOB_LAUNCHER_KEPT")])
-    finally:
-        ray.shutdown()
-    assert seen == ["pools", "pools"]
-    assert "RLJOB_LAUNCHER_TEST" not in os.environ and os.environ["RLJOB_LAUNCHER_KEPT"] == "driver"
-
-
-def _timed_shutdown(stop) -> tuple[float, int | None]:
-    """Start the local node as `rljob run` does, stop it with `stop`; (seconds it took, the autoscaler
-    monitor's exit status)."""
-    launcher.init_local_ray(_configs(), 1, 1, 1, {})
-    node: Any = ray._private.worker._global_node
-    monitor = node.all_processes["monitor"][0].process
-    t0 = time.monotonic()
-    stop()
-    return time.monotonic() - t0, monitor.poll()
-
-
-def test_stopping_the_local_node_does_not_wait_on_the_autoscaler_monitor():
-    """ray.shutdown stops the GCS before the monitor, whose SIGTERM handler then reports to the dead GCS
-    until Ray kills it 1 s later: 1 s of every local run's end. shutdown_ray kills the monitor first
-    (a local node has nothing to autoscale). Baseline beside the candidate, on the same machine."""
-    plain, plain_status = _timed_shutdown(ray.shutdown)
-    fast, fast_status = _timed_shutdown(launcher.shutdown_ray)
-    print(f"local node's stop: ray.shutdown {plain:.2f} s, shutdown_ray {fast:.2f} s ({plain / fast:.1f}x)")
-    assert plain_status is not None and fast_status is not None  # both stopped it
-    assert fast < plain - 0.5  # the 1 s wait is gone
-    assert not ray.is_initialized()
-
-
-def _children() -> set[int]:
-    return {child.pid for child in psutil.Process().children(recursive=True)}
-
-
-def _running(pids: set[int]) -> set[int]:
-    running = set()
-    for pid in pids:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                running.add(pid)
-    return running
-
-
-def _time_out_after_the_head_starts(monkeypatch, times: int) -> list[set[int]]:
-    """Ray's node start fails `times` times where CI saw it fail: the GCS, monitor and dashboard up, the
-    raylet never registered (its session had no raylet log at all). Ray's 30 s wait
-    cannot be brought about on demand, so its exception is raised there; the processes are real.
-    Returns, per failed start, the processes it left."""
-    real = ray._private.node.Node.start_ray_processes
-    before = _children()
-    left: list[set[int]] = []
-
-    def start_ray_processes(node: Any) -> None:
-        if len(left) < times:
-            left.append(_children() - before)
-            raise Exception(RAY_TIMEOUT)
-        real(node)
-
-    monkeypatch.setattr(ray._private.node.Node, "start_ray_processes", start_ray_processes)
-    return left
-
-
-def test_a_start_that_times_out_leaves_none_of_its_processes_before_the_next(monkeypatch):
-    """ray.init keeps no handle on the processes of a node that did not come up: they ran on beside the
-    next start (in CI, the failed start's monitor still logged 20 minutes later)."""
-    left = _time_out_after_the_head_starts(monkeypatch, times=1)
-    launcher.start_local_ray(2, {"reward": 2})
-    try:
-        assert len(left) == 1 and left[0], "the failed start started no process"
-        assert not _running(left[0]), f"the failed start's processes still run: {_running(left[0])}"
-        assert ray.get(_environment_variable.remote("PATH"))  # the second start's node works
-    finally:
-        launcher.shutdown_ray()
-
-
-def test_a_start_that_times_out_twice_is_raised_with_nothing_left_running(monkeypatch):
-    before = _children()
-    left = _time_out_after_the_head_starts(monkeypatch, times=2)
-    with pytest.raises(Exception, match="timed out during startup"):
-        launcher.start_local_ray(2, {"reward": 2})
-    assert len(left) == 2 and all(left)
-    assert not _running(_children() - before)
-    assert not ray.is_initialized()
-
-
-def test_a_start_whose_gcs_never_writes_its_port_is_made_once_more(monkeypatch, caplog):
-    """CI saw a start whose GCS never ran (its session had no log at all): Ray's own 30 s wait for the
-    GCS's port file ran out. Here the first start's GCS is not started and Ray's own wait, shortened,
-    raises what it raised there; the second start is Ray's, whole."""
-    real = ray._private.node.Node.start_gcs_server
-    calls: list[str] = []
-
-    def start_gcs_server(node: Any) -> None:
-        calls.append("gcs")
-        if len(calls) == 1:
-            wait: Any = ray._raylet.wait_for_persisted_port  # type: ignore[attr-defined]  # compiled, no stub
-            wait(node._session_dir, node._node_id, "gcs_server_port", timeout_ms=100)
-        real(node)
-
-    monkeypatch.setattr(ray._private.node.Node, "start_gcs_server", start_gcs_server)
-    launcher.start_local_ray(2, {"reward": 2})
-    try:
-        assert calls == ["gcs", "gcs"]
-        assert "Ray's node did not come up (Timed out waiting for file" in caplog.text
-        assert ray.get(_environment_variable.remote("PATH"))
-    finally:
-        launcher.shutdown_ray()
-
-
-def _seconds_from_registration_to_connect(start: Callable[[], None], monkeypatch) -> float:
-    """Start a local node with `start`; seconds from its raylet registering with the GCS (the node's
-    start time there) to ray.init connecting this driver to it: what ray.init waits after its node is up."""
-    connecting: list[float] = []
-    connect = ray._private.worker.connect
-
-    def timed_connect(*args: Any, **kwargs: Any) -> Any:
-        connecting.append(time.time())
-        return connect(*args, **kwargs)
-
-    monkeypatch.setattr(ray._private.worker, "connect", timed_connect)
-    start()
-    try:
-        raylet: Any = ray._raylet  # compiled; its stub names no GCS client
-        local_node: Any = ray._private.worker._global_node
-        gcs = raylet.GcsClient(address=local_node.gcs_address)
-        (node,) = gcs.get_all_node_info(timeout=10).values()
-    finally:
-        launcher.shutdown_ray()
-    return connecting[0] - node.start_time_ms / 1000
-
-
-def test_the_local_start_goes_on_as_soon_as_its_raylet_registers(monkeypatch):
-    """Ray asks the GCS for its new raylet 0.1 s after launching it and then once a second, while the
-    raylet registers only once its agents are up (0.8 to 1.2 s in here): up to a second of every local
-    start spent idle. start_local_ray goes on within a few polls. Ray's own start beside it, printed."""
-
-    def plain() -> None:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
-
-    baseline = _seconds_from_registration_to_connect(plain, monkeypatch)
-    prompt = [
-        _seconds_from_registration_to_connect(lambda: launcher.start_local_ray(2, {"reward": 2}), monkeypatch)
-        for _ in range(2)
-    ]
-    print(f"raylet registered → driver connects: ray.init {baseline:.3f} s, start_local_ray {prompt} s")
-    assert max(prompt) < 0.2, f"start_local_ray waited {prompt} s after its raylet registered"
-
-
-def test_a_start_whose_quick_raylet_lookup_fails_comes_up_through_rays_own(monkeypatch, caplog):
-    """The quick lookup uses Ray's private GCS client; a Ray that moved it still starts, at its own pace."""
-
-    def moved(**kwargs: Any) -> None:
-        raise AttributeError("module 'ray._raylet' has no attribute 'GcsClient'")
-
-    monkeypatch.setattr(ray._raylet, "GcsClient", moved)
-    caplog.set_level(logging.DEBUG, logger=launcher.__name__)
-    launcher.start_local_ray(2, {"reward": 2})
-    try:
-        assert ray.get(_environment_variable.remote("PATH"))
-    finally:
-        launcher.shutdown_ray()
-    assert "waiting for the raylet without Ray's polling failed: module 'ray._raylet'" in caplog.text

@@ -87,7 +87,8 @@ def check_models_while_ray_starts(job: RLJob, output: Path) -> WorkerConfigs:
     Ray starts here, not in the thread, because its processes die with the thread that started them
     (PR_SET_PDEATHSIG). A model check's error wins over Ray's: it is the one the user can act on."""
     from rljob_workers.common.auth import TOKEN_FILE_NAME
-    from rljob_workers.driver.launcher import init_local_ray, worker_env
+    from rljob_workers.driver.launcher import worker_env
+    from rljob_workers.driver.ray_node import init_local_ray
 
     spec = job.spec
     with ThreadPoolExecutor(1, thread_name_prefix="rljob-setup") as setup:
@@ -110,7 +111,7 @@ def _check_models_and_import(job: RLJob) -> None:
 def _stop_ray() -> None:
     """Stop a Ray node this process started (none on a cluster, or before the checks passed)."""
     if "ray" in sys.modules:
-        from rljob_workers.driver.launcher import shutdown_ray
+        from rljob_workers.driver.ray_node import shutdown_ray
 
         shutdown_ray()
 

@@ -30,15 +30,13 @@ from rljob_workers.driver.display import Progress
 from rljob_workers.driver.launcher import (
     ActorPool,
     RayTrainer,
-    init_local_ray,
-    init_ray,
     pool_started,
     reward_pool,
     rollout_pool,
-    shutdown_ray,
     worker_env,
 )
 from rljob_workers.driver.metrics import JsonlWriter, RunMetrics, plot_rewards
+from rljob_workers.driver.ray_node import init_local_ray, init_ray, shutdown_ray
 from rljob_workers.driver.reward_router import RewardRouter
 from rljob_workers.driver.rundir import lock_run_folders, starting_point
 from rljob_workers.driver.setup import SetupError, first_line
