@@ -13,6 +13,7 @@ excluded after a reward error, or regenerated after a replica was lost.
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import logging
 import time
@@ -79,6 +80,10 @@ class Controller:
     async def run(self) -> None:
         """Train until totalSteps; raises RunFailed if a sample's reward fails under onError: fail."""
         self._started = time.monotonic()
+        # What exists now (imports, configs, clients) lives for the run: frozen, it is left out of the
+        # collector's scans, which took a fifth of the controller's CPU (benchmarks/controller).
+        gc.collect()
+        gc.freeze()
         dispatcher = asyncio.create_task(self._dispatch_loop())
         stop_watch = asyncio.create_task(self._wake_on_stop())
         try:
@@ -95,6 +100,7 @@ class Controller:
             for task in list(self._tasks):
                 task.cancel()
             await asyncio.gather(dispatcher, *self._tasks, return_exceptions=True)
+            gc.unfreeze()
 
     async def _wake_on_stop(self) -> None:
         """A stop wakes whatever waits: the batch being gathered is dropped, dispatch ends."""
