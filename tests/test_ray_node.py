@@ -282,3 +282,28 @@ def test_the_local_node_starts_without_the_api_server_that_ray_waits_for():
     assert "dashboard/dashboard.py" not in lean_kinds
     node = {"gcs_server", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent", "_private/log_monitor.py"}
     assert node <= lean_kinds
+
+
+def test_a_raylet_slower_than_the_quick_waits_is_still_found_by_rays_own_loop(monkeypatch):
+    """When the quick lookup's wait runs out it answers as Ray's lookup does for a node not there yet
+    (RuntimeError), so Ray's loop asks again, and past Ray's own 30 s reports its timeout once (a
+    second full wait in Ray's lookup would have doubled it). Here every wait runs out at once."""
+    monkeypatch.setattr(ray_node, "RAYLET_WAIT_SECONDS", 0.0)
+    retried: list[str] = []
+
+    class Kept(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            retried.append(record.getMessage())
+
+    node_log, kept = logging.getLogger("ray._private.node"), Kept()  # where Ray's loop logs each retry
+    monkeypatch.setattr(node_log, "level", logging.INFO)
+    node_log.addHandler(kept)
+    try:
+        ray_node.start_local_ray(2, {"reward": 2})
+        try:
+            assert ray.get(_environment_variable.remote("PATH"))
+        finally:
+            ray_node.shutdown_ray()
+    finally:
+        node_log.removeHandler(kept)
+    assert any("did not register in 0 s" in message for message in retried), retried

@@ -31,7 +31,7 @@ RAY_START_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
 # Ray's start asks the GCS for its new raylet 0.1 s after launching it, then once a second
 # (GlobalStateAccessor::GetNode sleeps 1 s between tries), while the raylet registers only once its
 # agents are up, 0.8 to 1.2 s in on a 2-core machine: up to a second of every local start spent idle.
-# The driver asks far more often; Ray's own lookup, and its own timeout, come after.
+# The driver asks far more often, within Ray's own 30 s for the raylet.
 RAYLET_POLL_SECONDS = 0.02
 RAYLET_WAIT_SECONDS = 30.0
 
@@ -177,7 +177,10 @@ def _prompt_raylet_lookup() -> Iterator[None]:
         return
 
     def get_node(gcs_address: str, node_id: str) -> Any:
-        _wait_for_raylet(gcs_address, node_id)
+        if not _raylet_registered(gcs_address, node_id):
+            # What Ray's lookup raises for a node not there yet: Ray's loop then reports its own
+            # timeout, once, where a second full wait in Ray's lookup would double it.
+            raise RuntimeError(f"the raylet of node {node_id} did not register in {RAYLET_WAIT_SECONDS:g} s")
         return ray_get_node(gcs_address, node_id)
 
     services.get_node = get_node
@@ -187,9 +190,9 @@ def _prompt_raylet_lookup() -> Iterator[None]:
         services.get_node = ray_get_node
 
 
-def _wait_for_raylet(gcs_address: str, node_id: str) -> None:
-    """Return once the GCS lists `node_id` alive, or after RAYLET_WAIT_SECONDS. A lookup that fails
-    (Ray's private names moved) ends the wait: Ray's own lookup follows and reports what it finds."""
+def _raylet_registered(gcs_address: str, node_id: str) -> bool:
+    """Wait until the GCS lists `node_id` alive (True), at most RAYLET_WAIT_SECONDS (False). A lookup
+    that fails (Ray's private names moved) ends the wait with True: Ray's own lookup follows."""
     deadline = time.monotonic() + RAYLET_WAIT_SECONDS
     try:
         from ray.core.generated import gcs_pb2, gcs_service_pb2
@@ -201,7 +204,8 @@ def _wait_for_raylet(gcs_address: str, node_id: str) -> None:
         alive = nodes.GcsNodeInfo.GcsNodeState.ALIVE
         while not gcs.get_all_node_info(timeout=5, node_selectors=[selector], state_filter=alive):
             if time.monotonic() > deadline:
-                return
+                return False
             time.sleep(RAYLET_POLL_SECONDS)
     except Exception as exc:  # only a speed-up: Ray's own lookup is still right
         log.debug("waiting for the raylet without Ray's polling failed: %s", exc)
+    return True
