@@ -10,7 +10,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import psutil
@@ -132,7 +132,11 @@ def init_ray(**options: Any) -> None:
 
 
 def _start_ray(cpus: int, resources: dict[Pool, int]) -> None:
-    with _without_api_server(), _prompt_raylet_lookup():
+    # Ray has no public switch for either: its private names are replaced for the start only.
+    with (
+        _replaced(ray._private.node.Node, "start_api_server", lambda _: _no_api_server),
+        _replaced(ray._private.services, "get_node", _prompt_raylet_lookup),
+    ):
         init_ray(
             address="local",
             num_cpus=cpus,
@@ -145,36 +149,30 @@ def _start_ray(cpus: int, resources: dict[Pool, int]) -> None:
 
 
 @contextlib.contextmanager
-def _without_api_server() -> Iterator[None]:
-    """Ray's start without its API server. With the dashboard off it runs only Ray's usage-stats
-    reporter, yet Ray waits for it to come up before it launches the raylet: 0.6 s of every local start.
-    Ray already goes on without one that fails to start (the dashboard URL is then ''); this one is not
-    started. Ray has no public switch for it: its private start is replaced for the block."""
-    node_class: Any = ray._private.node.Node  # its methods are replaced, which mypy refuses
-    start_api_server = getattr(node_class, "start_api_server", None)
-    if start_api_server is None:
+def _replaced(owner: Any, name: str, replacement: Callable[[Any], Any]) -> Iterator[None]:
+    """`owner.name` is `replacement(original)` for the block. A Ray without that name is left as it is:
+    its start is then only slower."""
+    original = getattr(owner, name, None)
+    if original is None:
         yield
         return
-
-    def no_api_server(node: Any, **options: Any) -> None:
-        node._webui_url = ""
-
-    node_class.start_api_server = no_api_server
+    setattr(owner, name, replacement(original))
     try:
         yield
     finally:
-        node_class.start_api_server = start_api_server
+        setattr(owner, name, original)
 
 
-@contextlib.contextmanager
-def _prompt_raylet_lookup() -> Iterator[None]:
-    """Ray's start, told of its raylet within RAYLET_POLL_SECONDS of it registering. Ray has no public
-    hook for it: its private node lookup is wrapped for the block; a Ray without it keeps its 1 s polls."""
-    services = ray._private.services
-    ray_get_node = getattr(services, "get_node", None)
-    if ray_get_node is None:
-        yield
-        return
+def _no_api_server(node: Any, **options: Any) -> None:
+    """Node.start_api_server's stand-in. With the dashboard off, Ray's API server runs only Ray's
+    usage-stats reporter, yet Ray waits for it to come up before it launches the raylet: 0.6 s of every
+    local start. Ray already goes on without one that fails to start (the dashboard URL is then '')."""
+    node._webui_url = ""
+
+
+def _prompt_raylet_lookup(ray_get_node: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
+    """Ray's node lookup, told of the raylet within RAYLET_POLL_SECONDS of it registering, not at
+    Ray's next 1 s poll."""
 
     def get_node(gcs_address: str, node_id: str) -> Any:
         if not _raylet_registered(gcs_address, node_id):
@@ -183,11 +181,7 @@ def _prompt_raylet_lookup() -> Iterator[None]:
             raise RuntimeError(f"the raylet of node {node_id} did not register in {RAYLET_WAIT_SECONDS:g} s")
         return ray_get_node(gcs_address, node_id)
 
-    services.get_node = get_node
-    try:
-        yield
-    finally:
-        services.get_node = ray_get_node
+    return get_node
 
 
 def _raylet_registered(gcs_address: str, node_id: str) -> bool:
