@@ -116,6 +116,9 @@ def test_synchronous_run_trains_on_policy(assets, tmp_path):
     assert all(r.staleness_max == 0 for r in run.reports)
     assert run.reports[-1].counts.discarded_stale == 0
     assert_each_prompt_trained_once(run.reports, 4, 4)
+    # Every pool worked and, on policy, every pool waited on the others: none was idle throughout or never.
+    idle = run.idle_fractions()
+    assert set(idle) == {"rollout", "trainer", "reward"} and all(0 < f < 1 for f in idle.values()), idle
 
 
 def test_frozen_layers_stay_out_of_the_sync_and_the_replica_still_samples_the_trained_policy(assets, tmp_path):

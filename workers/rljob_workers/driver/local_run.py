@@ -20,7 +20,7 @@ from rljob_workers.common.auth import JobToken, TokenError
 from rljob_workers.common.grpc_server import RunningServer, Service, start_server
 from rljob_workers.driver import summary
 from rljob_workers.driver.controller.elastic import ElasticRewardPool
-from rljob_workers.driver.controller.idle import IdleMeter
+from rljob_workers.driver.controller.idle import PoolIdle
 from rljob_workers.driver.controller.loop import Controller
 from rljob_workers.driver.controller.report import Counts, RunFailed, StepReport
 from rljob_workers.driver.controller.rollout_clients import RolloutClients
@@ -107,7 +107,7 @@ class LocalRun:
         self.controller: Controller | None = None
         self.weight_sync: WeightSync | None = None
         self.elastic: ElasticRewardPool | None = None
-        self.idle = {pool: IdleMeter() for pool in ("rollout", "trainer", "reward")}
+        self.idle = PoolIdle(self._busy_seconds)
         self.metrics = RunMetrics(job.metadata.name)
         self.progress = Progress(job.metadata.name, live=display)
         self.plotting: asyncio.Future[Path] | None = None  # the reward curve, drawn during the shutdown
@@ -334,22 +334,19 @@ class LocalRun:
 
     async def _tick(self, view: RunView) -> None:
         while True:
-            now = time.monotonic()
-            busy = {
-                "rollout": self.clients.busy.is_busy,
-                "trainer": self.controller is not None and self.controller.trainer_busy.is_busy,
-                "reward": self.router.busy.is_busy,
-            }
-            for pool, meter in self.idle.items():
-                meter.record(now, busy[pool])
+            self.idle.tick(time.monotonic())
             self.metrics.set_idle(self.idle_fractions())
             if self.elastic is not None:
                 self.metrics.set_reward(self.elastic.backlog(), self.elastic.desired, self.elastic.ready())
             self.progress.update(view.snapshot(), step_done=False)
             await asyncio.sleep(0.2)
 
+    def _busy_seconds(self) -> dict[str, float]:
+        trainer = self.controller.trainer_busy.seconds() if self.controller is not None else 0.0
+        return {"rollout": self.clients.busy.seconds(), "trainer": trainer, "reward": self.router.busy.seconds()}
+
     def idle_fractions(self) -> dict[str, float]:
-        return {pool: meter.fraction() for pool, meter in self.idle.items()}
+        return self.idle.fractions(time.monotonic())
 
     def _summary(self, rc: int, view: RunView, reports: list[StepReport]) -> None:
         summary.write_termination_message(final_status_message(view.snapshot()))
