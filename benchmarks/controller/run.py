@@ -5,6 +5,7 @@ whose rule does none (a constant score) run in child processes; this process run
 Controller, RolloutClients and RewardRouter over real gRPC on loopback, with a trainer whose step
 returns at once and a weight sync that pulls a one-element model over the WeightService. The
 controller's process is pinned to one core and the replicas to the others where there are any.
+Every call carries a job token, checked by each server, as in a real run.
 Reported: trained samples per second and the controller process's CPU per sample, against the
 target of 20,000 samples/s, for two wirings one after the other: the baseline, one sample per
 gRPC message both ways (what the replicas sent before batching), and the default, where the
@@ -19,6 +20,7 @@ import argparse
 import asyncio
 import os
 import resource
+import secrets
 import socket
 import subprocess
 import sys
@@ -43,6 +45,7 @@ from rljob_workers.trainer.samples import TrainSample
 from rljob_workers.weights.publisher import WeightPublisher, weight_service
 
 REPO = Path(__file__).resolve().parents[2]
+TOKEN_ENV = "RLJOB_BENCH_TOKEN"  # the null replicas' job token, kept off their command line
 TARGET = 20_000  # samples/s one controller should move (issue 18)
 
 
@@ -98,15 +101,16 @@ class NullEngine:
 class NullTrainer:
     """A trainer whose step returns at once; it publishes a one-element model for the rollout pool to pull."""
 
-    def __init__(self, clients: RolloutClients, timeout: float) -> None:
+    def __init__(self, clients: RolloutClients, timeout: float, token: str | None) -> None:
         from rljob_workers.driver.controller.weight_sync import WeightSync
 
+        self.token = token
         self.publisher = WeightPublisher(1 << 20)
         self.weight_address = ""
         self.sync = WeightSync(self, clients, "gloo", timeout)  # type: ignore[arg-type]
 
     async def serve(self) -> Any:
-        server = await start_server([weight_service(self.publisher)], "127.0.0.1", 0)
+        server = await start_server([weight_service(self.publisher)], "127.0.0.1", 0, token=self.token)
         self.weight_address = f"127.0.0.1:{server.port}"
         return server
 
@@ -156,13 +160,16 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _start_replicas(cores: set[int], per_message: int) -> tuple[list[subprocess.Popen[str]], str, str]:
+def _start_replicas(
+    cores: set[int], per_message: int, token: str | None
+) -> tuple[list[subprocess.Popen[str]], str, str]:
     """The null rollout and reward replicas, each a child process on `cores`; their addresses."""
     children, addresses = [], []
+    env = {**os.environ, TOKEN_ENV: token or ""}
     for role in ("rollout", "reward"):
         port = _free_port()
         command = [sys.executable, __file__, "--serve", role, str(port), str(per_message)]
-        child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
         _pin(child.pid, cores)
         assert child.stdout is not None
         if not child.stdout.readline():  # the "serving" line
@@ -179,17 +186,20 @@ async def measure(
     max_staleness: int = 1,
     warmup: int = 3,
     per_message: int = 0,
+    token: str | None = "",
 ) -> Capacity:
     """Run the controller for `warmup + steps` steps; the figures are those of the last `steps`.
-    `per_message` 1: the replicas send one sample per message (the baseline); 0: they batch."""
+    `per_message` 1: the replicas send one sample per message (the baseline); 0: they batch. Every call
+    carries a job token, as in a real run (`token` "": a new one; None: none)."""
+    token = secrets.token_urlsafe(32) if token == "" else token
     all_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     own = {min(all_cores)} if all_cores else set()
     _pin(0, own)
-    children, rollout_address, reward_address = _start_replicas(all_cores - own or all_cores, per_message)
+    children, rollout_address, reward_address = _start_replicas(all_cores - own or all_cores, per_message, token)
     configs = job_configs(warmup + steps, group_size, prompts_per_step, max_staleness)
-    clients = RolloutClients(configs.rollout.max_concurrent_prompts)
-    router = RewardRouter(replica_timeout=configs.controller.reward_timeout_seconds)
-    trainer = NullTrainer(clients, timeout=30)
+    clients = RolloutClients(configs.rollout.max_concurrent_prompts, token=token)
+    router = RewardRouter(replica_timeout=configs.controller.reward_timeout_seconds, token=token)
+    trainer = NullTrainer(clients, timeout=30, token=token)
     server = await trainer.serve()
     marks: list[tuple[int, float, float, float]] = []
     try:
@@ -222,7 +232,8 @@ async def measure(
 
 def serve(role: str, port: int, per_message: int) -> None:
     """A child: the null rollout replica or the null reward replica on `port`; `per_message` 1 sends
-    one sample per message (the baseline), 0 lets the replica batch."""
+    one sample per message (the baseline), 0 lets the replica batch. The job token is in TOKEN_ENV."""
+    token = os.environ.get(TOKEN_ENV) or None
     from rljob_workers.reward import RewardFunctionSet
     from rljob_workers.reward.callables import WeightedFunction
     from rljob_workers.reward.server import start_reward_server
@@ -230,14 +241,14 @@ def serve(role: str, port: int, per_message: int) -> None:
 
     async def reward() -> None:
         functions = RewardFunctionSet([WeightedFunction("null", lambda prompt, completion, **fields: 1.0)], 60.0)
-        running, servicer = await start_reward_server(functions, name="null", max_in_flight=64, port=port)
+        running, servicer = await start_reward_server(functions, name="null", max_in_flight=64, port=port, token=token)
         servicer.max_samples_per_message = per_message or servicer.max_samples_per_message
         print(f"reward 'null' serving on 127.0.0.1:{running.port}", flush=True)
         await asyncio.Event().wait()
 
     async def rollout() -> None:
         config = job_configs(1, 2, 1, 0).rollout  # groupSize ≥ 2 is the spec's rule
-        running, servicer = await serve_rollout(config, "127.0.0.1", port, engine=NullEngine())  # type: ignore[arg-type]
+        running, servicer = await serve_rollout(config, "127.0.0.1", port, engine=NullEngine(), token=token)  # type: ignore[arg-type]
         servicer.max_completions_per_message = per_message
         print(f"rollout 'null' serving on 127.0.0.1:{running.port}", flush=True)
         await asyncio.Event().wait()
