@@ -121,6 +121,23 @@ def test_synchronous_run_trains_on_policy(assets, tmp_path):
     assert set(idle) == {"rollout", "trainer", "reward"} and all(0 < f < 1 for f in idle.values()), idle
 
 
+def test_a_reward_curve_that_cannot_be_drawn_leaves_the_trained_run_a_success(assets, tmp_path):
+    """The run trained and saved its checkpoint: a picture that cannot be written is a one-line warning,
+    not a traceback and exit code 1."""
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump(job_doc(assets, tmp_path, totalSteps=2)))
+    out = tmp_path / "out"
+    (out / "reward-curve.png").mkdir(parents=True)  # where the curve goes: not a file that can be opened
+    rljob = str(Path(sys.executable).parent / "rljob")
+    command = [rljob, "run", str(job_file), "--no-display", "--output", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    warnings = [line for line in done.stderr.splitlines() if "reward curve not drawn" in line]
+    assert len(warnings) == 1 and "IsADirectoryError" in warnings[0] and "reward-curve.png" in warnings[0]
+    assert (tmp_path / "ckpt" / "step-000002").is_dir()
+
+
 def test_frozen_layers_stay_out_of_the_sync_and_the_replica_still_samples_the_trained_policy(assets, tmp_path):
     """spec.trainer.freeze: each sync sends only the trained weights. On policy (maxStaleness 0) the
     rollout's log-probs are the trainer's own only if the replica's weights equal the trainer's, frozen

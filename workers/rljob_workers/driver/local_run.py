@@ -379,7 +379,10 @@ class LocalRun:
             shutdown_ray()  # ends every pool process Ray started, whatever state it is in
             await closed
             if self.plotting is not None:
-                await self.plotting
+                try:
+                    await self.plotting
+                except Exception as exc:  # the run's outcome stands: only its picture is missing
+                    log.warning("reward curve not drawn: %s: %s", type(exc).__name__, exc)
 
     async def _stop_gracefully(self) -> None:
         with contextlib.suppress(Exception):
