@@ -100,6 +100,22 @@ def test_group_is_ready_once_every_sample_is_scored_or_excluded():
     assert tracker.outstanding == 0
 
 
+def test_a_sample_scored_again_or_excluded_after_its_score_counts_once():
+    tracker = GroupTracker()
+    prompt = Prompt("p", "p", {})
+    group = tracker.start(prompt, 2, version=5)
+    assert group.oldest_version() == 5  # nothing received yet: the dispatch version
+    tracker.receive(_sample("p", 0, version=7))
+    tracker.receive(_sample("p", 1, version=6))
+    assert group.oldest_version() == 6
+    tracker.score("p", 0, 1.0, {})
+    tracker.score("p", 0, 0.5, {})  # a retried sample answered twice
+    tracker.exclude("p", 0)
+    assert not group.complete and not tracker.ready
+    tracker.score("p", 1, 0.0, {})
+    assert group.complete and tracker.ready.popleft() is group
+
+
 def test_missing_indices_after_partial_stream():
     source = _source()
     tracker = GroupTracker()

@@ -36,6 +36,9 @@ class Group:
     excluded: set[int] = field(default_factory=set)
     dispatched_at: float = field(default_factory=time.monotonic)
     ready_at: float | None = None  # when its last sample was scored or excluded
+    # Kept as samples come in, so that neither costs a pass over the group per sample.
+    _done: int = 0  # received samples scored or excluded
+    _oldest: int | None = None  # the oldest policy version among the received samples
 
     @property
     def latency(self) -> float | None:
@@ -48,8 +51,7 @@ class Group:
 
     @property
     def complete(self) -> bool:
-        done = sum(1 for i, s in self.received.items() if s.reward is not None or i in self.excluded)
-        return done == self.n
+        return self._done == self.n
 
     def missing(self) -> list[int]:
         """Indices not yet received (to be generated again after a rollout replica failed)."""
@@ -57,7 +59,25 @@ class Group:
 
     def oldest_version(self) -> int:
         """The oldest policy version among its samples (the dispatch version before any arrived)."""
-        return min((s.policy_version for s in self.received.values()), default=self.dispatched_version)
+        return self.dispatched_version if self._oldest is None else self._oldest
+
+    def add(self, sample: Sample) -> None:
+        self.received[sample.index] = sample
+        self._oldest = sample.policy_version if self._oldest is None else min(self._oldest, sample.policy_version)
+
+    def set_reward(self, index: int, reward: float, components: dict[str, float]) -> None:
+        sample = self.received[index]
+        if not self._is_done(index):
+            self._done += 1
+        sample.reward, sample.components = reward, components
+
+    def exclude(self, index: int) -> None:
+        if index in self.received and not self._is_done(index):
+            self._done += 1
+        self.excluded.add(index)
+
+    def _is_done(self, index: int) -> bool:
+        return self.received[index].reward is not None or index in self.excluded
 
 
 def dispatch_allowed(outstanding_groups: int, prompts_per_step: int, max_staleness: int) -> bool:
@@ -113,16 +133,15 @@ class GroupTracker:
         if group is None or sample.index in group.received or not 0 <= sample.index < group.n:
             self.duplicates += 1
             return False
-        group.received[sample.index] = sample
+        group.add(sample)
         return True
 
     def score(self, prompt_id: str, index: int, reward: float, components: dict[str, float]) -> None:
-        sample = self.groups[prompt_id].received[index]
-        sample.reward, sample.components = reward, components
+        self.groups[prompt_id].set_reward(index, reward, components)
         self._maybe_ready(prompt_id)
 
     def exclude(self, prompt_id: str, index: int) -> None:
-        self.groups[prompt_id].excluded.add(index)
+        self.groups[prompt_id].exclude(index)
         self._maybe_ready(prompt_id)
 
     def _maybe_ready(self, prompt_id: str) -> None:
