@@ -173,3 +173,44 @@ def test_a_server_importing_the_driver_is_found(tmp_path, source):
         {"reward/router.py": source, "driver/metrics.py": "X = 1\n", "driver/controller/idle.py": "BusyClock = 1\n"},
     )
     assert forbidden_arrows(import_graph(root)) != []
+
+
+# The brief's limits: modules under 400 lines, functions under 60 (generated stubs aside).
+MODULE_LINES, FUNCTION_LINES = 400, 60
+SOURCE_ROOTS = ("api", "operator", "workers", "benchmarks", "tests", "proto")
+
+
+def oversized(root: Path) -> list[str]:
+    """Every module of MODULE_LINES lines or more and every function of FUNCTION_LINES or more, as
+    'path: what (lines)'."""
+    found = []
+    for top in SOURCE_ROOTS:
+        for path in sorted((root / top).rglob("*.py")):
+            if "gen" in path.relative_to(root).parts:
+                continue
+            source = path.read_text()
+            where = path.relative_to(root)
+            if (lines := len(source.splitlines())) >= MODULE_LINES:
+                found.append(f"{where}: the module ({lines})")
+            for node in ast.walk(ast.parse(source)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    length = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if length >= FUNCTION_LINES:
+                        found.append(f"{where}: {node.name} ({length})")
+    return found
+
+
+def test_modules_and_functions_stay_small():
+    assert oversized(REPO) == []
+
+
+def test_an_oversized_module_and_function_are_found(tmp_path):
+    body = "".join(f"    x{i} = {i}\n" for i in range(FUNCTION_LINES))
+    (tmp_path / "workers").mkdir()
+    (tmp_path / "workers" / "big.py").write_text("def long_one():\n" + body + "\n" * MODULE_LINES)
+    (tmp_path / "workers" / "gen").mkdir()
+    (tmp_path / "workers" / "gen" / "stub.py").write_text("\n" * MODULE_LINES)  # generated: not counted
+    assert oversized(tmp_path) == [
+        f"workers/big.py: the module ({FUNCTION_LINES + 1 + MODULE_LINES})",
+        f"workers/big.py: long_one ({FUNCTION_LINES + 1})",
+    ]

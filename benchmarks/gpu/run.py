@@ -25,13 +25,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import ctypes
-import resource
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,6 +38,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the check's own modules, also when loaded by file path
+from peak_memory import PeakMemory, return_freed_memory
 from sync_check import device_sync, measure_sync
 
 SKIPPED = 77  # the exit status test harnesses read as "skipped"
@@ -197,44 +194,6 @@ def trainer_row(model_path: Path, trainer: Any, size: Size, token_range: tuple[i
     )  # fmt: skip
 
 
-class PeakMemory:
-    """Peak memory growth while the block runs: CUDA's allocator peak, or on a CPU the resident set
-    sampled every millisecond (torch's CPU tensors bypass Python's allocator, so tracemalloc misses them)."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device, self.peak, self._stop = device, 0, threading.Event()
-
-    def __enter__(self) -> PeakMemory:
-        device_sync(self.device)
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self._base = torch.cuda.memory_allocated(self.device)
-        else:
-            self._base = self.peak = rss_bytes()
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
-        return self
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.001):
-            self.peak = max(self.peak, rss_bytes())
-
-    def __exit__(self, *_: object) -> None:
-        device_sync(self.device)
-        if self.device.type == "cuda":
-            self.peak = torch.cuda.max_memory_allocated(self.device)
-        else:
-            self._stop.set()
-            self._thread.join()
-            self.peak = max(self.peak, rss_bytes())
-        self.peak = max(self.peak - self._base, resource.getpagesize())
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * resource.getpagesize()
-
-
 async def engine_vs_generate(engine: Any, size: Size, token_range: tuple[int, int]) -> tuple[Row, list[Any]]:
     """HFEngine.generate against engine.model.generate with the engine's own config and seed; its last samples."""
     from rljob_workers.engines.base import PromptInput, SamplingConfig, derive_seed
@@ -358,13 +317,6 @@ def table(rows: list[Row]) -> str:
     lines = ["| check | ours | baseline | ratio | bar | status | note |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {r.check} | {r.ours} | {r.baseline} | {r.ratio} | {r.bar} | {r.status} | {r.note} |" for r in rows]
     return "\n".join(lines)
-
-
-def return_freed_memory() -> None:
-    """Have glibc hand large freed blocks back at once (as MALLOC_MMAP_THRESHOLD_ does in
-    benchmarks/hf_engine), so the CPU's resident set shows what is held, not what the allocator kept."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc
-        ctypes.CDLL(None).mallopt(-3, 131072)  # M_MMAP_THRESHOLD
 
 
 def main(argv: list[str] | None = None) -> int:
