@@ -268,3 +268,44 @@ def test_a_refused_client_stream_is_told_unauthenticated_not_internal() -> None:
     assert asyncio.run(go()) == {
         "UNAUTHENTICATED: /rljob.v1.RewardService/Score: no job token (authorization: Bearer <token>)": 20
     }
+
+
+def test_a_channel_with_the_token_sends_it_after_the_callers_own_metadata_on_every_call_shape() -> None:
+    """`channel(address, token)`: unary and streaming calls alike pass the server's token check, and what a
+    caller puts in a call's metadata still arrives; without the token the same server refuses them."""
+    from rljob_workers.common.auth import TokenCheck
+    from rljob_workers.common.grpc_server import channel
+
+    async def unary(request: bytes, context: Any) -> bytes:
+        return b",".join(
+            f"{k}={v}".encode() for k, v in context.invocation_metadata() if k in ("x-trace", "authorization")
+        )
+
+    async def stream(requests: Any, context: Any) -> Any:
+        async for request in requests:
+            yield request.upper()
+
+    async def go() -> tuple[bytes, list[bytes], str]:
+        handlers = {
+            "Get": grpc.unary_unary_rpc_method_handler(unary),
+            "Echo": grpc.stream_stream_rpc_method_handler(stream),
+        }
+        server = grpc.aio.server(interceptors=[TokenCheck("s3cret")])
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("t.Test", handlers),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with channel(f"127.0.0.1:{port}", "s3cret") as authorized:
+                got = await authorized.unary_unary("/t.Test/Get", None, None)(b"", metadata=(("x-trace", "7"),))
+                echoed = [r async for r in authorized.stream_stream("/t.Test/Echo", None, None)(iter([b"a", b"b"]))]
+            async with channel(f"127.0.0.1:{port}") as plain:
+                try:
+                    await plain.unary_unary("/t.Test/Get", None, None)(b"")
+                    refused = "OK"
+                except grpc.aio.AioRpcError as exc:
+                    refused = exc.code().name
+        finally:
+            await server.stop(None)
+        return got, echoed, refused
+
+    assert asyncio.run(go()) == (b"x-trace=7,authorization=Bearer s3cret", [b"A", b"B"], "UNAUTHENTICATED")

@@ -154,40 +154,52 @@ class TokenCheck(grpc.aio.ServerInterceptor):
         return handler
 
 
-def _with_token(details: grpc.aio.ClientCallDetails, header: tuple[str, str]) -> grpc.aio.ClientCallDetails:
-    metadata = grpc.aio.Metadata(*(details.metadata or ()), header)
-    return grpc.aio.ClientCallDetails(
-        details.method, details.timeout, metadata, details.credentials, details.wait_for_ready
-    )
+class _Authorized:
+    """A multi-callable whose every call carries `header` after the caller's own metadata."""
+
+    def __init__(self, call: Any, header: tuple[str, str]) -> None:
+        self._call, self._header = call, header
+
+    def __call__(self, *args: Any, metadata: Any = None, **kwargs: Any) -> Any:
+        return self._call(*args, metadata=(*(metadata or ()), self._header), **kwargs)
 
 
-class _Attach:
-    def __init__(self, token: str) -> None:
-        self.header = bearer(token)
+class TokenChannel(grpc.aio.Channel):
+    """`channel` with the job token in every call's metadata, after the caller's own. Client interceptors
+    did the same, but an aio channel with interceptors runs every call, and every message of a stream,
+    through an intercepted call of its own: a reward Score stream's message pair (8 samples each way)
+    cost 479 µs of client and server CPU that way against 424 µs this way (medians of 8 alternating
+    rounds), and the interceptors' frames were 7% of a `rljob run` driver's time holding the GIL."""
 
+    def __init__(self, channel: grpc.aio.Channel, token: str) -> None:
+        self._channel, self._header = channel, bearer(token)
 
-class _AttachUnaryUnary(_Attach, grpc.aio.UnaryUnaryClientInterceptor):
-    async def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(_with_token(details, self.header), request)
+    async def __aenter__(self) -> TokenChannel:
+        return self
 
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._channel.close(None)
 
-class _AttachUnaryStream(_Attach, grpc.aio.UnaryStreamClientInterceptor):
-    async def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return await continuation(_with_token(details, self.header), request)
+    async def close(self, grace: float | None = None) -> None:
+        await self._channel.close(grace)
 
+    def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
+        return self._channel.get_state(try_to_connect)
 
-class _AttachStreamUnary(_Attach, grpc.aio.StreamUnaryClientInterceptor):
-    async def intercept_stream_unary(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(_with_token(details, self.header), requests)
+    async def wait_for_state_change(self, last_observed_state: grpc.ChannelConnectivity) -> None:
+        await self._channel.wait_for_state_change(last_observed_state)
 
+    async def channel_ready(self) -> None:
+        await self._channel.channel_ready()
 
-class _AttachStreamStream(_Attach, grpc.aio.StreamStreamClientInterceptor):
-    async def intercept_stream_stream(self, continuation: Any, details: Any, requests: Any) -> Any:
-        return await continuation(_with_token(details, self.header), requests)
+    def unary_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _Authorized(self._channel.unary_unary(*args, **kwargs), self._header)
 
+    def unary_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _Authorized(self._channel.unary_stream(*args, **kwargs), self._header)
 
-def token_interceptors(token: str) -> list[Any]:
-    """Client interceptors that add the job token to every call of a channel, one per call shape: an aio
-    channel files each interceptor under the first shape it implements only."""
-    kinds = (_AttachUnaryUnary, _AttachUnaryStream, _AttachStreamUnary, _AttachStreamStream)
-    return [kind(token) for kind in kinds]
+    def stream_unary(self, *args: Any, **kwargs: Any) -> Any:
+        return _Authorized(self._channel.stream_unary(*args, **kwargs), self._header)
+
+    def stream_stream(self, *args: Any, **kwargs: Any) -> Any:
+        return _Authorized(self._channel.stream_stream(*args, **kwargs), self._header)

@@ -20,7 +20,7 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_grpc
 from grpc_reflection.v1alpha._async import ReflectionServicer
 
-from rljob_workers.common.auth import TokenCheck, token_interceptors
+from rljob_workers.common.auth import TokenChannel, TokenCheck
 
 # Large enough for a weight chunk or a long completion; bigger payloads are chunked.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -190,5 +190,5 @@ def _stream_stream(inner: Any) -> Any:
 
 def channel(address: str, token: str | None = None) -> grpc.aio.Channel:
     """An asyncio channel with rljob's message limits; with a `token`, every call carries it."""
-    interceptors = token_interceptors(token) if token is not None else None
-    return grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS, interceptors=interceptors)
+    plain = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
+    return plain if token is None else TokenChannel(plain, token)
