@@ -44,6 +44,10 @@ def test_both_runs_train_every_step_and_the_table_compares_them(
     base, rljob = rows[:2]
     assert float(base[3]) == 1.0 and float(rljob[3]) > 0, out  # the ratio to the baseline
     assert "generate" in base[4] and "waiting for the batch" in rljob[4] and "weight sync" in rljob[4], out
+    # Beside the train loop, from each step's metrics.jsonl line: every pool and the driver did work.
+    beside = dict(re.findall(r"(rollout busy|reward busy|driver CPU) ([\d.]+)", rljob[4]))
+    assert set(beside) == {"rollout busy", "reward busy", "driver CPU"}, out
+    assert all(float(seconds) > 0 for seconds in beside.values()), out
     for row in rows:  # start-up (spawn until training starts) and training fit in the whole process
         train, startup, rest, whole = (float(row[i].removesuffix(" s")) for i in (5, 6, 7, 8))
         assert 0 < train < whole and 0 < startup < whole and rest >= 0, row

@@ -186,14 +186,7 @@ def run_rljob(job: Path, work: Path, staleness: int) -> Result:
         raise SystemExit(f"rljob run (maxStaleness {staleness}) failed (exit {done.returncode}):\n{tail}")
     records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
     up = POOLS_UP.search(done.stdout + done.stderr)
-    steps = [
-        {
-            "waiting for the batch": r["wait_seconds"],
-            "train": r["step_seconds"] - r["sync_seconds"],
-            "weight sync": r["sync_seconds"],
-        }
-        for r in records
-    ]
+    steps = [rljob_step(before, r) for before, r in zip([None, *records], records, strict=False)]
     result = _result(f"rljob run, maxStaleness {staleness}", steps, job, wall, 0.0, records[-1]["elapsed_seconds"])
     up_at = datetime.strptime(up.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if up else float("nan")
     result.startup = up_at - spawned
@@ -201,9 +194,26 @@ def run_rljob(job: Path, work: Path, staleness: int) -> Result:
     return result
 
 
+def rljob_step(before: dict[str, Any] | None, record: dict[str, Any]) -> dict[str, float]:
+    """Where one step of `rljob run` went, from its metrics.jsonl line and the one before. The train loop's
+    own phases add up to the step; the pools' busy seconds and the driver's CPU (the controller and its
+    gRPC) ran beside them, overlapping when maxStaleness > 0. The first step's start-up is left out."""
+    phases = {
+        "waiting for the batch": record["wait_seconds"],
+        "train": record["step_seconds"] - record["sync_seconds"],
+        "weight sync": record["sync_seconds"],
+    }
+    if before is not None:
+        busy, busy_before = record["busy_seconds"], before["busy_seconds"]
+        phases["beside it: rollout busy"] = busy["rollout"] - busy_before["rollout"]
+        phases["reward busy"] = busy["reward"] - busy_before["reward"]
+        phases["driver CPU"] = record["driver_cpu_seconds"] - before["driver_cpu_seconds"]
+    return phases
+
+
 def _result(name: str, steps: list[dict[str, float]], job: Path, wall: float, startup: float, train: float) -> Result:
     algo = yaml.safe_load(job.read_text())["spec"]["algorithm"]
-    phases = {k: statistics.fmean(s[k] for s in steps) for k in steps[0]} if steps else {}
+    phases = {k: statistics.fmean(s[k] for s in steps if k in s) for k in steps[-1]} if steps else {}
     return Result(name, len(steps), algo["promptsPerStep"] * algo["groupSize"], wall, startup, train, phases)
 
 

@@ -303,7 +303,8 @@ class LocalRun:
         if self.step_hook is not None:
             self.step_hook(self, report)
         self.metrics.update(report)
-        self.jsonl.write(report)
+        # The pools' busy seconds and the driver's CPU so far: per step, where a step's time went.
+        self.jsonl.write(report, busy_seconds=self._busy_seconds(), driver_cpu_seconds=time.process_time())
         if self.view is not None:
             self.view.last = report
             self.progress.update(self.view.snapshot(), step_done=True)

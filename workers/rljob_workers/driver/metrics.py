@@ -131,9 +131,10 @@ class JsonlWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
 
-    def write(self, report: StepReport) -> None:
+    def write(self, report: StepReport, **extra: Any) -> None:
+        """The step's line: the report's fields, then `extra`'s."""
         with self.path.open("a") as handle:
-            handle.write(json.dumps(report_record(report)) + "\n")
+            handle.write(json.dumps({**report_record(report), **extra}) + "\n")
 
 
 def plot_rewards(jsonl: Path, png: Path, title: str = "") -> Path:
