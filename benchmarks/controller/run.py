@@ -101,7 +101,7 @@ class NullEngine:
 class NullTrainer:
     """A trainer whose step returns at once; it publishes a one-element model for the rollout pool to pull."""
 
-    def __init__(self, clients: RolloutClients, timeout: float, token: str | None) -> None:
+    def __init__(self, clients: RolloutClients, timeout: float, token: str | None = None) -> None:
         from rljob_workers.driver.controller.weight_sync import WeightSync
 
         self.token = token
