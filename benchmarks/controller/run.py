@@ -186,12 +186,12 @@ async def measure(
     max_staleness: int = 1,
     warmup: int = 3,
     per_message: int = 0,
-    token: str | None = "",
+    with_token: bool = True,
 ) -> Capacity:
     """Run the controller for `warmup + steps` steps; the figures are those of the last `steps`.
-    `per_message` 1: the replicas send one sample per message (the baseline); 0: they batch. Every call
-    carries a job token, as in a real run (`token` "": a new one; None: none)."""
-    token = secrets.token_urlsafe(32) if token == "" else token
+    `per_message` 1: the replicas send one sample per message (the baseline); 0: they batch. With
+    `with_token` every call carries a new job token, as in a real run."""
+    token = secrets.token_urlsafe(32) if with_token else None
     all_cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
     own = {min(all_cores)} if all_cores else set()
     _pin(0, own)

@@ -37,8 +37,8 @@ class Group:
     dispatched_at: float = field(default_factory=time.monotonic)
     ready_at: float | None = None  # when its last sample was scored or excluded
     # Kept as samples come in, so that neither costs a pass over the group per sample.
-    _done: int = 0  # received samples scored or excluded
-    _oldest: int | None = None  # the oldest policy version among the received samples
+    _done: int = field(default=0, init=False, repr=False)  # received samples scored or excluded
+    _oldest: int | None = field(default=None, init=False, repr=False)  # oldest policy version received
 
     @property
     def latency(self) -> float | None:
