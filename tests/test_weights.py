@@ -112,8 +112,12 @@ def test_a_member_lost_mid_broadcast_fails_the_publish_and_frees_the_others_at_o
     results = ctx.Queue()
     store = host_store("127.0.0.1", timeout=30)
     model = {f"layer{i}.weight": torch.randn(256, 256) for i in range(16)}  # 16 buckets of 256 KiB
+    # The survivor expects one bucket more than the trainer sends, so it always ends waiting for a bucket
+    # that never comes. With only the trainer's 16, gloo's threads sometimes (under CI's load) delivered all
+    # of them to it before the root saw the dead member: the survivor then rightly "received" a whole version.
+    owed = {**model, "layer16.weight": torch.randn(256, 256)}
     plan_source = WeightPublisher(256 * 1024)
-    plan_source.publish(1, model.items())
+    plan_source.publish(1, owed.items())
     wire = [to_proto(p).SerializeToString() for p in plan_source.plan]
     formed = ctx.Barrier(3)  # no member dies before every member's side of the mesh is up
     stays = ctx.Process(target=_receives_or_fails, args=(store.port, "g", wire, results, formed))
