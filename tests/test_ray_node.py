@@ -312,8 +312,8 @@ def test_a_raylet_slower_than_the_quick_waits_is_still_found_by_rays_own_loop(mo
     assert any("did not register in 0 s" in message for message in retried), retried
 
 
-# One start in a fresh interpreter, as `rljob run` makes it: the raylet's race below showed in about a
-# third of those, and in none of a dozen made one after another in one process.
+# One start in a fresh interpreter, as `rljob run` makes it: the raylet's race below showed in a quarter
+# to a third of those, and in none of a dozen made one after another in one process.
 STORE_CONNECT = r"""
 import re, sys
 from datetime import datetime
@@ -346,8 +346,8 @@ def _store_connect_seconds(start: str) -> float:
 
 def test_the_raylet_reaches_its_object_store_without_a_one_second_retry():
     """The raylet connects to the object store it has just started in another thread. A store not
-    listening yet cost Ray's connect a 1 s sleep before its next try, in about a third of local starts on
-    2 cores; the local node retries every 20 ms. Ray's own start beside it, printed: a few starts may or
+    listening yet cost Ray's connect a 1 s sleep before its next try, in a quarter to a third of local starts
+    on 2 cores; the local node retries every 20 ms. Ray's own start beside it, printed: a few starts may or
     may not hit the race, so only the local node's (8, where a third of Ray's own would) are asserted."""
     plain = [_store_connect_seconds("ray.init") for _ in range(3)]
     lean = [_store_connect_seconds("start_local_ray") for _ in range(8)]

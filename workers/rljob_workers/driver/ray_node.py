@@ -37,8 +37,8 @@ RAYLET_POLL_SECONDS = 0.02
 RAYLET_WAIT_SECONDS = 30.0
 # The raylet connects to its own object store right after starting it, from another thread; when the
 # store is not listening yet, Ray's socket connect sleeps raylet_client_connect_timeout_milliseconds
-# (1 s) before its next try: a whole second of about one local start in four on a 2-core machine. The
-# same 10 s in all, in 20 ms steps.
+# (1 s) before its next try: a whole second of a quarter to a third of local starts on a 2-core machine.
+# The same 10 s in all, in 20 ms steps.
 SOCKET_CONNECT_RETRY = {"raylet_client_connect_timeout_milliseconds": 20, "raylet_client_num_connect_attempts": 500}
 
 
