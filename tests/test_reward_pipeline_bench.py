@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -64,6 +65,21 @@ def test_measure_takes_differences_after_the_warmup(bench: ModuleType, arithmeti
     # Latency bound: the measured steps' slowest groups took 3, 4, 5 s, plus a 0.9 s train step,
     # over the maxStaleness + 1 = 3 steps they have.
     assert m.latency_bound_per_step == pytest.approx((4.0 + 0.9) / 3)
+
+
+def test_measure_says_which_steps_the_trainer_idled_and_how_long_it_waited_for_a_batch(bench: ModuleType) -> None:
+    # The trainer is busy 0.9 s of each step; step 4 took 2.5 s, 1.5 s of it waiting for its batch.
+    probe = probe_with(bench, 0.9, replicas=2)
+    probe.snapshots = [  # type: ignore[attr-defined]
+        dataclasses.replace(snapshot, at=at)
+        for snapshot, at in zip(probe.snapshots, (1.0, 2.0, 3.0, 5.5, 6.5), strict=True)  # type: ignore[attr-defined]
+    ]
+    reports = [SimpleNamespace(wait_seconds=wait, reward_mean=0.5) for wait in (0.0, 0.1, 0.0, 1.5, 0.1)]
+    m = bench.measure(bench.CONFIGS["async"], probe, reports, warmup=2)
+    assert m.idle_by_step == pytest.approx([0.1, 1.6, 0.1])
+    assert m.batch_wait_per_step == pytest.approx(1.6 / 3)
+    assert m.trainer_idle == pytest.approx(1 - 2.7 / 4.5)
+    assert math.isnan(bench.measure(bench.CONFIGS["async"], probe, [], warmup=2).batch_wait_per_step)
 
 
 def test_latency_bound_of_sync_is_its_whole_step(arithmetic: ModuleType) -> None:

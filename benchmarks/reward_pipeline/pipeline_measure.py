@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from rljob_workers.driver.controller.report import StepReport
@@ -116,6 +117,10 @@ class Measured:
     discarded_stale: int
     reward_last5: float
     latency_bound_per_step: float
+    # Where the trainer's idle time went: per measured step, its wall time minus the trainer's busy
+    # time; and the part of it the driver spent waiting for a full batch (the rest is between steps).
+    idle_by_step: list[float] = field(default_factory=list)
+    batch_wait_per_step: float = math.nan
 
 
 def latency_bound(group_latencies: list[float], train_per_step: float, max_staleness: int) -> float:
@@ -138,6 +143,7 @@ def measure(config: Config, probe: Probed, reports: Sequence[StepReport], warmup
     steps = last.step - first.step
     wall = last.at - first.at
     latencies = [s.group_latency_max for s in probe.snapshots[warmup:]]
+    waits = [r.wait_seconds for r in reports[warmup:]]
     train_per_step = (last.trainer_busy - first.trainer_busy) / steps
     return Measured(
         config=config.name,
@@ -152,6 +158,11 @@ def measure(config: Config, probe: Probed, reports: Sequence[StepReport], warmup
         discarded_stale=last.discarded_stale - first.discarded_stale,
         reward_last5=statistics.fmean(r.reward_mean for r in reports[-5:]) if reports else math.nan,
         latency_bound_per_step=latency_bound(latencies, train_per_step, config.max_staleness),
+        idle_by_step=[
+            (after.at - before.at) - (after.trainer_busy - before.trainer_busy)
+            for before, after in itertools.pairwise(probe.snapshots[warmup - 1 :])
+        ],
+        batch_wait_per_step=statistics.fmean(waits) if waits else math.nan,
     )
 
 

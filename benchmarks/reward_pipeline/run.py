@@ -302,6 +302,12 @@ def run_all(names: list[str], passed_on: list[str]) -> list[Measured]:
                 f"reward (last 5 steps) {measured.reward_last5:.3f}; {time.monotonic() - started:.0f}s in all",
                 flush=True,
             )
+            idlest = sorted(enumerate(measured.idle_by_step, start=1), key=lambda item: -item[1])[:5]
+            print(
+                f"  trainer idle: waiting for a full batch {measured.batch_wait_per_step:.3f} s/step; "
+                "idlest measured steps " + ", ".join(f"#{n} {idle:.3f} s" for n, idle in idlest),
+                flush=True,
+            )
     return results
 
 
