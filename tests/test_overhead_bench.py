@@ -33,7 +33,15 @@ def test_both_runs_train_every_step_and_the_table_compares_them(
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))
     assert _bench().main(["--steps", str(STEPS), "--staleness", "1", "--repeat", "2", "--job", str(job)]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
+    # A line as each run ends (a round cut short still says what it measured), the table after.
+    ended = re.findall(
+        r"^(one process|rljob run, maxStaleness 1): [\d.]+ s/step, start-up [\d.]+ s, whole process [\d.]+ s$",
+        captured.err,
+        re.MULTILINE,
+    )
+    assert ended == ["one process", "rljob run, maxStaleness 1"] * 2, captured.err
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| one process", "| rljob run"))]
     assert [r[0] for r in rows] == ["| one process", "| rljob run, maxStaleness 1"] * 2, out
     # Two rounds, each with its own baseline; the summary's median of two is their rounds' mean.

@@ -261,11 +261,22 @@ def main(argv: list[str] | None = None) -> int:
 def one_round(job: Path, steps: int, staleness: str) -> list[Result]:
     """The baseline, then `rljob run` at each maxStaleness, one after the other."""
     with tempfile.TemporaryDirectory(prefix="rljob-overhead-") as tmp:
-        results = [run_baseline(job_file(Path(tmp) / "base", job, steps), Path(tmp) / "base")]
+        results = [progress(run_baseline(job_file(Path(tmp) / "base", job, steps), Path(tmp) / "base"))]
         for value in (int(s) for s in staleness.split(",")):
             work = Path(tmp) / f"s{value}"
-            results.append(run_rljob(job_file(work, job, steps, value), work, value))
+            results.append(progress(run_rljob(job_file(work, job, steps, value), work, value)))
     return results
+
+
+def progress(result: Result) -> Result:
+    """One line as each run ends, so a round cut short still says what it measured."""
+    print(
+        f"{result.name}: {result.per_step:.3f} s/step, start-up {result.startup:.1f} s, "
+        f"whole process {result.wall:.1f} s",
+        file=sys.stderr,
+        flush=True,
+    )
+    return result
 
 
 def summary(rounds: list[list[Result]]) -> str:
