@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import sys
+from datetime import datetime
 from pathlib import Path
 from types import ModuleType
 
@@ -55,3 +57,20 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ["PYTHONPATH"] = os.pathsep.join(
     p for p in (str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")) if p
 )
+
+
+# How long a raylet took to reach the object store it had just started, from its own log (raylet.out):
+# the same reading for a local node and for a Ray pod.
+RAYLET_STAMP = r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) .*"
+# The raylet logs the first as it starts its store, the second once its object manager, which first
+# connects to that store, serves.
+RAYLET_MARKS = ("Starting object store", "ObjectManager server started")
+
+
+def store_connect_seconds(log: str) -> float:
+    """Seconds from the raylet starting its object store to serving its object manager."""
+    found = [re.search(RAYLET_STAMP + line, log, re.M) for line in RAYLET_MARKS]
+    if not all(found):
+        raise AssertionError("raylet.out no longer says when its object store started and was reached:\n" + log)
+    started, serving = (datetime.strptime(mark[1], "%Y-%m-%d %H:%M:%S,%f") for mark in found if mark)
+    return (serving - started).total_seconds()

@@ -23,6 +23,17 @@ POOLS: tuple[Pool, ...] = ("rollout", "trainer", "reward")
 TERMINATION_LOG_ENV = "RLJOB_TERMINATION_LOG"
 # The file holding the job's token, which every internal gRPC call carries (rljob_workers.common.auth).
 TOKEN_FILE_ENV = "RLJOB_TOKEN_FILE"
+# Ray's system config for every Ray node of a job, local or in a pod. The raylet connects to its own
+# object store right after starting it, from another thread; when the store is not listening yet, Ray's
+# socket connect sleeps raylet_client_connect_timeout_milliseconds (1 s) before its next try: a whole
+# second of a quarter to a third of local starts on a 2-core machine. The same 10 s in all, in 20 ms steps.
+RAY_SYSTEM_CONFIG = {"raylet_client_connect_timeout_milliseconds": 20, "raylet_client_num_connect_attempts": 500}
+
+
+def ray_system_config_env() -> dict[str, str]:
+    """RAY_SYSTEM_CONFIG as the environment variables each of Ray's processes reads it from (RAY_<name>):
+    how a Ray pod, started by KubeRay's `ray start`, gets it."""
+    return {f"RAY_{name}": str(value) for name, value in RAY_SYSTEM_CONFIG.items()}
 
 
 def pool_resource(pool: Pool) -> str:

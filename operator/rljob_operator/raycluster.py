@@ -8,7 +8,7 @@ from typing import Any
 
 from rljob_api import RLJob
 from rljob_api.placement import Placement
-from rljob_api.workercfg import POOLS, TOKEN_FILE_ENV, Pool, pool_resource
+from rljob_api.workercfg import POOLS, TOKEN_FILE_ENV, Pool, pool_resource, ray_system_config_env
 
 from .names import JOB_TOKEN_FILE, component_labels, pool_labels, ray_cluster_name
 from .options import RenderOptions, RewardGroup
@@ -87,6 +87,7 @@ def _env(job: RLJob, pool: str) -> list[dict[str, Any]]:
         {"name": "RLJOB_POOL", "value": pool},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         *WRITABLE_ENV,
+        *({"name": name, "value": value} for name, value in ray_system_config_env().items()),
     ]
     if pool != "head":  # the pools' servers check the job's token; the head serves none of ours
         env.append({"name": TOKEN_FILE_ENV, "value": JOB_TOKEN_FILE})

@@ -23,10 +23,13 @@ from typing import Any
 import yaml
 from e2e_cluster import CHART, E2E, REPO, Cluster, wait_for
 
+from conftest import store_connect_seconds
+
 NODE_SELECTOR = {"rljob.io/e2e-node": "real"}
 TOLERATIONS = [{"key": "rljob.io/e2e-real-node", "operator": "Exists", "effect": "NoSchedule"}]
 ENV_MOUNT = "/opt/rljob/venv"
 WORKER_UID = 1000  # the worker image's user (docker/worker.Dockerfile)
+RAYLET_LOG = "/tmp/ray/session_latest/logs/raylet.out"  # Ray's default temp folder in the pod
 
 
 def images_env() -> dict[str, str]:
@@ -206,6 +209,19 @@ def local_job(job: dict[str, Any], assets: Path, output: Path) -> dict[str, Any]
     for key in ("image", "imagePullPolicy"):
         spec.pop(key, None)
     return {**job, "metadata": {"name": job["metadata"]["name"]}, "spec": spec}
+
+
+def raylet_store_connect(cluster: Cluster, namespace: str, job: str) -> dict[str, float]:
+    """Each of the job's Ray pods: the seconds its raylet took to reach the object store it had just
+    started, read from the raylet's log in the pod."""
+    selector = f"rljob.io/job={job},ray.io/node-type"
+    pods = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "name").stdout.split()
+    return {
+        pod.removeprefix("pod/"): store_connect_seconds(
+            cluster.kubectl("exec", "-n", namespace, pod, "--", "cat", RAYLET_LOG).stdout
+        )
+        for pod in pods
+    }
 
 
 def seconds_per_step(metrics: Path) -> tuple[float, list[float]]:

@@ -4,7 +4,8 @@ The e2e control plane with KubeRay and one real node (kubelet, containerd, kube-
 operator installed by its Helm chart into a pod from its own image; the RLJob applied with kubectl.
 Its head, three worker groups and driver run as containers of the worker-test image on that node:
 KubeRay starts Ray in them, the driver runs `rljob run --cluster`, the operator reads the driver's
-ControlService through its Service and writes the RLJob's status. The run must reach Succeeded with
+ControlService through its Service and writes the RLJob's status. Every Ray pod's raylet must reach
+the object store it has just started without Ray's 1 s connect retry (raylet.out). The run must reach Succeeded with
 the last five steps' mean reward >= 0.8 (the `make run` bar), leave its checkpoint and metrics on the
 run volume, and `kubectl delete rlj` must leave nothing of it but the user's two claims. The same
 spec then runs with `rljob run` on this machine, for the cost of pods and networking per step. A
@@ -25,7 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ from e2e_real import (
     local_job,
     make_assets,
     make_runs_folder,
+    raylet_store_connect,
     seconds_per_step,
     wait_gone,
     worker_env_policy,
@@ -122,9 +124,11 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
         cluster.script("clean")
 
 
-def watch(cluster: Cluster, started: float) -> tuple[dict[str, Any], float | None]:
+def watch(
+    cluster: Cluster, started: float, at_first_step: Callable[[], object] = lambda: None
+) -> tuple[dict[str, Any], float | None]:
     """Follow the RLJob's status until it ends, printing each change; returns the last status and the
-    seconds from apply to its first train step."""
+    seconds from apply to its first train step (when `at_first_step` is called, the pools up)."""
     first_step: float | None = None
     seen: tuple[Any, ...] = ()
     status: dict[str, Any] = {}
@@ -135,6 +139,7 @@ def watch(cluster: Cluster, started: float) -> tuple[dict[str, Any], float | Non
         now = time.monotonic() - started
         if first_step is None and status.get("step", 0) >= 1:
             first_step = now
+            at_first_step()
         shown = (status.get("phase"), status.get("step"), status.get("message"))
         if shown != seen:
             reward = (status.get("reward") or {}).get("mean")
@@ -151,7 +156,8 @@ def test_apply_trains_to_succeeded_and_delete_leaves_nothing(setup: Setup) -> No
     job = cluster_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"])
     started, applied = time.monotonic(), time.time()
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
-    status, first_step = watch(cluster, started)
+    store_connect: dict[str, float] = {}
+    status, first_step = watch(cluster, started, lambda: store_connect.update(raylet_store_connect(cluster, NS, JOB)))
     took = time.monotonic() - started
     setup.ran(JOB, applied)
     assert status.get("phase") == "Succeeded", f"the run ended {status.get('phase')}:\n{diagnose(cluster, NS)}"
@@ -167,6 +173,9 @@ def test_apply_trains_to_succeeded_and_delete_leaves_nothing(setup: Setup) -> No
     latest = output / "checkpoints" / "latest"
     final_checkpoint = output / "checkpoints" / latest.read_text().strip()
     assert json.loads((final_checkpoint / "state.json").read_text())["step"] == len(rewards), final_checkpoint
+    # every Ray pod's raylet reached the object store it had just started without Ray's 1 s connect retry
+    # (rljob_api.workercfg.RAY_SYSTEM_CONFIG, in each Ray pod's environment)
+    assert len(store_connect) >= 2 and max(store_connect.values()) < 0.5, store_connect
     driver_log = cluster.kubectl("logs", "-n", NS, f"job/{JOB}-driver").stdout
     assert f"step {job['spec']['algorithm']['totalSteps']}/" in driver_log, driver_log[-3000:]
 
@@ -190,6 +199,7 @@ def test_apply_trains_to_succeeded_and_delete_leaves_nothing(setup: Setup) -> No
     local_step, local_rewards = run_locally(setup, job)
     print(f"\nset-up: {json.dumps({k: round(v, 1) for k, v in setup.times.items()})}")
     print(f"kubectl apply -> first train step {first_step:.1f}s, -> Succeeded {took:.1f}s")
+    print(f"each Ray pod's raylet reaching its object store: {store_connect}")
     print(
         f"s/step: cluster {cluster_step:.3f}, rljob run {local_step:.3f}, ratio {cluster_step / local_step:.2f} "
         f"(last-5 reward: cluster {statistics.mean(rewards[-5:]):.3f}, local {statistics.mean(local_rewards[-5:]):.3f})"

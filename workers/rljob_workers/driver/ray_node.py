@@ -17,7 +17,7 @@ from typing import Any, cast
 import psutil
 import ray
 
-from rljob_api.workercfg import Pool, WorkerConfigs, pool_resource
+from rljob_api.workercfg import RAY_SYSTEM_CONFIG, Pool, WorkerConfigs, pool_resource
 from rljob_workers.driver.stopping import StoppedBeforePoolsUp
 
 log = logging.getLogger(__name__)
@@ -35,11 +35,6 @@ RAY_START_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
 # The driver asks far more often, within Ray's own 30 s for the raylet.
 RAYLET_POLL_SECONDS = 0.02
 RAYLET_WAIT_SECONDS = 30.0
-# The raylet connects to its own object store right after starting it, from another thread; when the
-# store is not listening yet, Ray's socket connect sleeps raylet_client_connect_timeout_milliseconds
-# (1 s) before its next try: a whole second of a quarter to a third of local starts on a 2-core machine.
-# The same 10 s in all, in 20 ms steps.
-SOCKET_CONNECT_RETRY = {"raylet_client_connect_timeout_milliseconds": 20, "raylet_client_num_connect_attempts": 500}
 
 
 def init_local_ray(
@@ -148,7 +143,7 @@ def _start_ray(cpus: int, resources: dict[Pool, int]) -> None:
             num_cpus=cpus,
             resources={pool_resource(pool): count for pool, count in resources.items()},
             include_dashboard=False,
-            _system_config=SOCKET_CONNECT_RETRY,
+            _system_config=RAY_SYSTEM_CONFIG,
             logging_level=logging.WARNING,
             configure_logging=True,
             log_to_driver=True,
