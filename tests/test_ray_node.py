@@ -1,7 +1,7 @@
 """The local Ray node `rljob run` starts, on a real Ray: made once more when Ray's start runs out of its
 fixed time, with nothing of a failed start left running; the pools' environment; started without an API
-server or an idle wait for its raylet, or a raylet's 1 s wait for its object store; stopped without Ray's
-wait on its autoscaler monitor."""
+server or autoscaler monitor, or an idle wait for its raylet, or a raylet's 1 s wait for its object
+store; stopped without Ray's wait on an autoscaler monitor."""
 
 from __future__ import annotations
 
@@ -98,9 +98,9 @@ def test_the_pools_environment_reaches_ray_workers_and_leaves_the_driver_as_it_w
 
 
 def _timed_shutdown(stop) -> tuple[float, int | None]:
-    """Start the local node as `rljob run` does, stop it with `stop`; (seconds it took, the autoscaler
-    monitor's exit status)."""
-    ray_node.init_local_ray(_configs(), 1, 1, 1, {})
+    """Start a local node with Ray's own start, monitor and all (the local node `rljob run` starts has
+    none, see below), stop it with `stop`; (seconds it took, the autoscaler monitor's exit status)."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     node: Any = ray._private.worker._global_node
     monitor = node.all_processes["monitor"][0].process
     t0 = time.monotonic()
@@ -110,8 +110,9 @@ def _timed_shutdown(stop) -> tuple[float, int | None]:
 
 def test_stopping_the_local_node_does_not_wait_on_the_autoscaler_monitor():
     """ray.shutdown stops the GCS before the monitor, whose SIGTERM handler then reports to the dead GCS
-    until Ray kills it 1 s later: 1 s of every local run's end. shutdown_ray kills the monitor first
-    (a local node has nothing to autoscale). Baseline beside the candidate, on the same machine."""
+    until Ray kills it 1 s later. shutdown_ray kills the monitor first (a local node has nothing to
+    autoscale), for a Ray whose monitor the local start could not leave out. Baseline beside the
+    candidate, on the same machine."""
     plain, plain_status = _timed_shutdown(ray.shutdown)
     fast, fast_status = _timed_shutdown(ray_node.shutdown_ray)
     print(f"local node's stop: ray.shutdown {plain:.2f} s, shutdown_ray {fast:.2f} s ({plain / fast:.1f}x)")
@@ -273,18 +274,20 @@ def _started_ray_processes(start: Callable[[], object]) -> tuple[float, set[str]
     return seconds, kinds
 
 
-def test_the_local_node_starts_without_the_api_server_that_ray_waits_for():
+def test_the_local_node_starts_without_the_api_server_or_the_autoscaler_monitor():
     """With the dashboard off, Ray's API server runs only Ray's usage-stats reporter, yet Ray waits for
-    it to come up before it launches the raylet. The local node starts without it; the GCS, the
-    raylet, its agents and the log monitor are there. Ray's own start beside it, printed."""
+    it to come up before it launches the raylet; the autoscaler monitor has nothing to resize on one
+    local node. The local node starts without either; the GCS, the raylet, its agents and the log
+    monitor are there. Ray's own start beside it, printed."""
     plain, plain_kinds = _started_ray_processes(
         lambda: ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
     )
     lean, lean_kinds = _started_ray_processes(lambda: ray_node.start_local_ray(2, {"reward": 2}))
     print(f"local node up to its first task's result: ray.init {plain:.2f} s, start_local_ray {lean:.2f} s")
     print(f"its processes: {sorted(lean_kinds)}")
-    assert "dashboard/dashboard.py" in plain_kinds
-    assert "dashboard/dashboard.py" not in lean_kinds
+    for left_out in ("dashboard/dashboard.py", "autoscaler/_private/monitor.py"):
+        assert left_out in plain_kinds
+        assert left_out not in lean_kinds
     node = {"gcs_server", "raylet", "ray::DashboardAgent", "ray::RuntimeEnvAgent", "_private/log_monitor.py"}
     assert node <= lean_kinds
 

@@ -1,7 +1,7 @@
 """The local Ray node `rljob run` starts: one node advertising every pool's resource, started without
-the API server a dashboard-less node has no use for, without an idle wait for its raylet or the raylet's
-1 s wait for its object store, made once more when Ray's start runs out of its fixed time, and stopped
-without Ray's wait on its monitor."""
+the API server a dashboard-less node has no use for or the autoscaler monitor a one-node cluster has no
+use for, without an idle wait for its raylet or the raylet's 1 s wait for its object store, made once
+more when Ray's start runs out of its fixed time, and stopped without Ray's wait on a monitor."""
 
 from __future__ import annotations
 
@@ -103,11 +103,12 @@ def _environment(env: dict[str, str]) -> Iterator[None]:
 
 
 def shutdown_ray() -> None:
-    """ray.shutdown(), without its 1 s wait on the autoscaler monitor. Ray stops the GCS before the
-    monitor, whose SIGTERM handler then reports to the dead GCS until Ray kills it a second later:
-    1 s of every local run's end. A local node has nothing to autoscale, so the monitor goes first,
-    by SIGKILL (its handler would publish an "autoscaler failed" error to this driver). Ray has no
-    public hook for it; a Ray without this private one just takes the second."""
+    """ray.shutdown(), without its 1 s wait on the autoscaler monitor of a node that has one (a Ray
+    whose start_monitor is not where `_start_ray` replaces it). Ray stops the GCS before the monitor,
+    whose SIGTERM handler then reports to the dead GCS until Ray kills it a second later. A local node
+    has nothing to autoscale, so the monitor goes first, by SIGKILL (its handler would publish an
+    "autoscaler failed" error to this driver). Ray has no public hook for it; a Ray without this
+    private one just takes the second."""
     node = getattr(ray._private.worker, "_global_node", None)
     if node is not None:  # a driver connected to a cluster's Ray owns no processes: this kills nothing
         with contextlib.suppress(Exception):
@@ -133,9 +134,10 @@ def init_ray(**options: Any) -> None:
 
 
 def _start_ray(cpus: int, resources: dict[Pool, int]) -> None:
-    # Ray has no public switch for either: its private names are replaced for the start only.
+    # Ray has no public switch for any of them: its private names are replaced for the start only.
     with (
         _replaced(ray._private.node.Node, "start_api_server", lambda _: _no_api_server),
+        _replaced(ray._private.node.Node, "start_monitor", lambda _: _no_monitor),
         _replaced(ray._private.services, "get_node", _prompt_raylet_lookup),
     ):
         init_ray(
@@ -170,6 +172,12 @@ def _no_api_server(node: Any, **options: Any) -> None:
     usage-stats reporter, yet Ray waits for it to come up before it launches the raylet: 0.6 s of every
     local start. Ray already goes on without one that fails to start (the dashboard URL is then '')."""
     node._webui_url = ""
+
+
+def _no_monitor(node: Any) -> None:
+    """Node.start_monitor's stand-in. Ray's autoscaler monitor resizes a cluster by its launcher's
+    config; one local node has none and nothing to resize, yet its process spends about 0.3 CPU-seconds
+    starting beside the pools' own start (a sixth of a core's second on 2 cores)."""
 
 
 def _prompt_raylet_lookup(ray_get_node: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
