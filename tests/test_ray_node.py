@@ -97,10 +97,15 @@ def test_the_pools_environment_reaches_ray_workers_and_leaves_the_driver_as_it_w
     assert "RLJOB_LAUNCHER_TEST" not in os.environ and os.environ["RLJOB_LAUNCHER_KEPT"] == "driver"
 
 
+def _rays_own_start() -> None:
+    """A local node as plain ray.init starts it (API server, monitor and all): the baseline."""
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+
+
 def _timed_shutdown(stop) -> tuple[float, int | None]:
     """Start a local node with Ray's own start, monitor and all (the local node `rljob run` starts has
     none, see below), stop it with `stop`; (seconds it took, the autoscaler monitor's exit status)."""
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+    _rays_own_start()
     node: Any = ray._private.worker._global_node
     monitor = node.all_processes["monitor"][0].process
     t0 = time.monotonic()
@@ -228,7 +233,7 @@ def test_the_local_start_goes_on_as_soon_as_its_raylet_registers(monkeypatch):
     start spent idle. start_local_ray goes on within a few polls. Ray's own start beside it, printed."""
 
     def plain() -> None:
-        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
+        _rays_own_start()
 
     baseline = _seconds_from_registration_to_connect(plain, monkeypatch)
     prompt = [
@@ -279,9 +284,7 @@ def test_the_local_node_starts_without_the_api_server_or_the_autoscaler_monitor(
     it to come up before it launches the raylet; the autoscaler monitor has nothing to resize on one
     local node. The local node starts without either; the GCS, the raylet, its agents and the log
     monitor are there. Ray's own start beside it, printed."""
-    plain, plain_kinds = _started_ray_processes(
-        lambda: ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level=logging.WARNING)
-    )
+    plain, plain_kinds = _started_ray_processes(_rays_own_start)
     lean, lean_kinds = _started_ray_processes(lambda: ray_node.start_local_ray(2, {"reward": 2}))
     print(f"local node up to its first task's result: ray.init {plain:.2f} s, start_local_ray {lean:.2f} s")
     print(f"its processes: {sorted(lean_kinds)}")

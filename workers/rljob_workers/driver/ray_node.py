@@ -176,8 +176,8 @@ def _no_api_server(node: Any, **options: Any) -> None:
 
 def _no_monitor(node: Any) -> None:
     """Node.start_monitor's stand-in. Ray's autoscaler monitor resizes a cluster by its launcher's
-    config; one local node has none and nothing to resize, yet its process spends about 0.3 CPU-seconds
-    starting beside the pools' own start (a sixth of a core's second on 2 cores)."""
+    config; one local node has none and nothing to resize, yet its process spent 0.28-0.33 CPU-seconds
+    starting beside the pools' own start on a 2-core machine."""
 
 
 def _prompt_raylet_lookup(ray_get_node: Callable[[str, str], Any]) -> Callable[[str, str], Any]:
