@@ -13,10 +13,15 @@ from types import ModuleType
 import pytest
 import yaml
 
+from rljob_api.workercfg import RAY_LOCAL_NODE_ENV
 from rljob_workers.common.grpc_env import use_grpc_process_env
 
 # This process forks Ray's daemons beside the gRPC servers and channels its tests leave running.
 use_grpc_process_env()
+# Every Ray this process starts, Ray's own `ray.init` baselines too, as the local node does: no metric
+# exporter thread outlives its ray.shutdown() to crash this process as it exits.
+for _name, _value in RAY_LOCAL_NODE_ENV.items():
+    os.environ.setdefault(_name, _value)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))

@@ -30,6 +30,15 @@ TOKEN_FILE_ENV = "RLJOB_TOKEN_FILE"
 RAY_SYSTEM_CONFIG = {"raylet_client_connect_timeout_milliseconds": 20, "raylet_client_num_connect_attempts": 500}
 
 
+# The environment of a local Ray node's processes and of the driver that starts it. Ray's metric exporters
+# (OpenTelemetry's periodic reader, OpenCensus's harvester) run on native threads that ray.shutdown() does
+# not stop: each start in a process left one more of each. One exporting while the interpreter destroyed
+# its statics crashed the process at exit (pytest's SIGSEGV after its summary, in 2 of 4 full runs: the
+# exporter logged through spdlog's registry, already gone). A local node's metrics have no reader (it runs
+# no dashboard); with OpenTelemetry off, no exporter thread outlives ray.shutdown().
+RAY_LOCAL_NODE_ENV = {"RAY_enable_open_telemetry": "0"}
+
+
 def ray_system_config_env() -> dict[str, str]:
     """RAY_SYSTEM_CONFIG as the environment variables each of Ray's processes reads it from (RAY_<name>):
     how a Ray pod, started by KubeRay's `ray start`, gets it."""

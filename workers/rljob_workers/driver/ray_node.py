@@ -17,7 +17,7 @@ from typing import Any, cast
 import psutil
 import ray
 
-from rljob_api.workercfg import RAY_SYSTEM_CONFIG, Pool, WorkerConfigs, pool_resource
+from rljob_api.workercfg import RAY_LOCAL_NODE_ENV, RAY_SYSTEM_CONFIG, Pool, WorkerConfigs, pool_resource
 from rljob_workers.driver.stopping import StoppedBeforePoolsUp
 
 log = logging.getLogger(__name__)
@@ -55,13 +55,16 @@ def init_local_ray(
 
 
 def start_local_ray(cpus: int, resources: dict[Pool, int], env: dict[str, str] | None = None) -> None:
-    """A local Ray node with `cpus` and each pool's resource, its processes started with `env`. A start
+    """A local Ray node with `cpus` and each pool's resource, its processes started with RAY_LOCAL_NODE_ENV
+    and `env`. A start
     that fails leaves none of its processes running: ray.init keeps no handle on those of a node that
     did not come up (its GCS and monitor), and they would run on until this process ends."""
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
         earlier = {child.pid for child in _descendants()}
         try:
-            with _environment(env or {}):  # Ray's processes keep it; this one gets its own back
+            # Ray's processes keep it; this one gets its own back. This environment's own settings win.
+            node_env = {name: os.environ.get(name, value) for name, value in RAY_LOCAL_NODE_ENV.items()}
+            with _environment({**node_env, **(env or {})}):
                 _start_ray(cpus, resources)
             return
         except BaseException as exc:  # a signal's too (see local.StoppedBeforePoolsUp): nothing is left
