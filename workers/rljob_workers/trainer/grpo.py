@@ -1,5 +1,6 @@
-"""GRPO as pure tensor functions: log-probs, the clipped surrogate and KL (the group-relative
-advantages, plain Python for the torch-free controller, are in `samples.py`).
+"""The GRPO family as pure tensor functions: log-probs, the clipped surrogate at the token or sequence
+level, the loss aggregations, KL estimators and REINFORCE++'s per-token returns (the group advantages,
+plain Python for the torch-free controller, are in `samples.py`).
 
 Shapes: ``B`` sequences (completions), ``T`` completion tokens, ``V`` vocabulary.
 Per-token tensors are ``[B, T]`` and come with a ``mask`` of the same shape (1 for a real
@@ -17,8 +18,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-Aggregation = Literal["token-mean", "sequence-mean"]
+Aggregation = Literal["token-mean", "sequence-mean", "token-sum-norm"]
 KLKind = Literal["k1", "k2", "k3"]
+RatioLevel = Literal["token", "sequence"]
 
 # exp() of a log-ratio beyond this overflows float32 long before it means anything;
 # clamping keeps one wild token from turning a whole batch's loss into inf.
@@ -38,18 +40,28 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     return num.sum(dim) / m.sum(dim).clamp_min(1e-8)
 
 
-def aggregate(per_token: Tensor, mask: Tensor, aggregation: Aggregation = "token-mean") -> Tensor:
+def aggregate(
+    per_token: Tensor, mask: Tensor, aggregation: Aggregation = "token-mean", norm_tokens: float | None = None
+) -> Tensor:
     """Reduce a ``[B, T]`` per-token loss to a scalar.
 
     ``token-mean`` averages over every real token in the batch (DAPO): long completions
     weigh more. ``sequence-mean`` averages within each completion, then over
-    completions (the original GRPO): every completion weighs the same.
+    completions (the original GRPO): every completion weighs the same. ``token-sum-norm``
+    sums each completion's tokens and divides by the constant ``norm_tokens`` (the generation
+    budget), then averages over completions (Dr. GRPO): no completion's tokens are weighted
+    by its own length.
     """
     if aggregation == "token-mean":
         return masked_mean(per_token, mask)
     if aggregation == "sequence-mean":
         return masked_mean(per_token, mask, dim=-1).mean()
-    raise ValueError(f"aggregation must be 'token-mean' or 'sequence-mean', got {aggregation!r}")
+    if aggregation == "token-sum-norm":
+        if not norm_tokens or norm_tokens <= 0:
+            raise ValueError(f"token-sum-norm needs norm_tokens > 0, got {norm_tokens}")
+        m = mask.to(per_token.dtype)
+        return ((per_token.masked_fill(m == 0, 0.0) * m).sum(-1) / norm_tokens).mean()
+    raise ValueError(f"aggregation must be token-mean, sequence-mean or token-sum-norm, got {aggregation!r}")
 
 
 def token_logprobs(logits: Tensor, target_ids: Tensor, temperature: float = 1.0, chunk_rows: int = 4096) -> Tensor:
@@ -87,6 +99,8 @@ def policy_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     aggregation: Aggregation = "token-mean",
+    norm_tokens: float | None = None,
+    ratio_level: RatioLevel = "token",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped PPO/GRPO surrogate, ``-min(ρA, clip(ρ, 1 - clip_low, 1 + clip_high) A)``.
 
@@ -96,17 +110,25 @@ def policy_loss(
     sampler had it. ``advantages`` is ``[B]`` (one per completion, as GRPO) or ``[B, T]``.
     ``clip_high > clip_low`` is DAPO's clip-higher.
 
+    ``ratio_level="sequence"`` is GSPO's: one ratio per completion, the length-normalised
+    ``s = (π(y|x) / π_old(y|x)) ** (1 / |y|) = exp(mean_t log ρ_t)``, clipped as a whole, so the
+    surrogate (the same at each of its tokens) is ``-min(sA, clip(s) A)`` and its gradient ``A ∇s``.
+
     Metrics, detached 0-dim tensors: ``clip_fraction`` (tokens whose gradient the clip
     cut), ``approx_kl`` (k3 estimate of KL(behaviour || policy)) and ``ratio_mean``.
     """
     adv = advantages.unsqueeze(-1) if advantages.dim() == logprobs.dim() - 1 else advantages
     valid = mask != 0
     log_ratio = (logprobs - behaviour_logprobs).masked_fill(~valid, 0.0)
+    if ratio_level == "sequence":
+        log_ratio = masked_mean(log_ratio, mask, dim=-1).unsqueeze(-1).expand_as(logprobs)
+    elif ratio_level != "token":
+        raise ValueError(f"ratio_level must be token or sequence, got {ratio_level!r}")
     log_ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
-    loss = aggregate(-torch.minimum(unclipped, clipped), mask, aggregation)
+    loss = aggregate(-torch.minimum(unclipped, clipped), mask, aggregation, norm_tokens)
     with torch.no_grad():
         cut = ((ratio < 1.0 - clip_low) & (adv < 0)) | ((ratio > 1.0 + clip_high) & (adv > 0))
         metrics = {
@@ -117,21 +139,16 @@ def policy_loss(
     return loss, metrics
 
 
-def kl_penalty(
-    logprobs: Tensor,
-    ref_logprobs: Tensor,
-    mask: Tensor,
-    kind: KLKind = "k3",
-    aggregation: Aggregation = "token-mean",
-) -> Tensor:
-    """Estimate of KL(policy || reference) from tokens sampled by the policy, as a scalar.
+def kl_per_token(logprobs: Tensor, ref_logprobs: Tensor, mask: Tensor, kind: KLKind = "k3") -> Tensor:
+    """Per-token estimate ``[B, T]`` of KL(policy || reference) from tokens the policy sampled; 0 where masked.
 
-    With ``log_r = ref_logprobs - logprobs`` per token (Schulman's estimators):
+    With ``log_r = ref_logprobs - logprobs`` (Schulman's estimators):
     ``k1 = -log_r`` (unbiased, high variance, can be negative),
     ``k2 = log_r ** 2 / 2`` (biased, low variance),
     ``k3 = exp(log_r) - 1 - log_r`` (unbiased, low variance, never negative; GRPO's).
     """
-    log_r = (ref_logprobs - logprobs).masked_fill(mask == 0, 0.0)
+    valid = mask != 0
+    log_r = (ref_logprobs - logprobs).masked_fill(~valid, 0.0)
     if kind == "k1":
         per_token = -log_r
     elif kind == "k2":
@@ -141,7 +158,49 @@ def kl_penalty(
         per_token = torch.exp(log_r) - 1.0 - log_r
     else:
         raise ValueError(f"kind must be 'k1', 'k2' or 'k3', got {kind!r}")
-    return aggregate(per_token, mask, aggregation)
+    return per_token.masked_fill(~valid, 0.0)
+
+
+def kl_penalty(
+    logprobs: Tensor,
+    ref_logprobs: Tensor,
+    mask: Tensor,
+    kind: KLKind = "k3",
+    aggregation: Aggregation = "token-mean",
+    norm_tokens: float | None = None,
+) -> Tensor:
+    """`kl_per_token` reduced to a scalar as the policy loss is (``aggregation``)."""
+    return aggregate(kl_per_token(logprobs, ref_logprobs, mask, kind), mask, aggregation, norm_tokens)
+
+
+def kl_folded_returns(rewards: Tensor, kl: Tensor, mask: Tensor, kl_coef: float) -> Tensor:
+    """REINFORCE++'s per-token return ``[B, T]``: the outcome reward ``rewards`` ``[B]`` (earned at the last
+    token) plus ``-kl_coef * kl`` at every token, summed from each token to the end (γ = 1):
+    ``G_t = r - kl_coef * sum_{i >= t} kl_i``. 0 where masked."""
+    valid = mask != 0
+    penalty = (-kl_coef * kl).masked_fill(~valid, 0.0)
+    to_go = penalty.flip(-1).cumsum(-1).flip(-1)
+    return (rewards.unsqueeze(-1).to(to_go.dtype) + to_go).masked_fill(~valid, 0.0)
+
+
+def moments(x: Tensor, mask: Tensor) -> Tensor:
+    """``[sum, sum of squares, count]`` of ``x`` over masked-in positions, in float64: what `whiten` needs,
+    and what ranks add up (all-reduce) to whiten over a batch split among them."""
+    valid = mask != 0
+    values = x.double().masked_fill(~valid, 0.0)
+    return torch.stack([values.sum(), (values**2).sum(), valid.sum().double()])
+
+
+def whiten(x: Tensor, mask: Tensor, totals: Tensor | None = None, eps: float = 1e-6) -> Tensor:
+    """``(x - mean) / (std + eps)`` with the batch's population mean and std over masked-in positions
+    (REINFORCE++'s normalisation over the global batch: ``totals`` is `moments` summed over every part of
+    it; None: ``x`` is the whole batch). 0 where masked."""
+    total, squares, count = (totals if totals is not None else moments(x, mask)).tolist()
+    if count == 0:
+        return torch.zeros_like(x)
+    mean = total / count
+    std = max(squares / count - mean * mean, 0.0) ** 0.5
+    return ((x - mean) / (std + eps)).masked_fill(mask == 0, 0.0)
 
 
 def grpo_loss(
@@ -156,6 +215,8 @@ def grpo_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     aggregation: Aggregation = "token-mean",
+    norm_tokens: float | None = None,
+    ratio_level: RatioLevel = "token",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``policy_loss + kl_coef * kl_penalty`` with the same aggregation for both.
 
@@ -170,12 +231,14 @@ def grpo_loss(
         clip_low=clip_low,
         clip_high=clip_high,
         aggregation=aggregation,
+        norm_tokens=norm_tokens,
+        ratio_level=ratio_level,
     )
     metrics["policy_loss"] = loss.detach()
     if kl_coef == 0.0:
         return loss, metrics
     if ref_logprobs is None:
         raise ValueError("kl_coef > 0 needs ref_logprobs from the reference model")
-    kl = kl_penalty(logprobs, ref_logprobs, mask, kl_kind, aggregation)
+    kl = kl_penalty(logprobs, ref_logprobs, mask, kl_kind, aggregation, norm_tokens)
     metrics["kl_ref"] = kl.detach()
     return loss + kl_coef * kl, metrics

@@ -1,5 +1,5 @@
-"""What the controller hands the trainer, the group-relative advantages it computes for it, and the
-trainer ranks' metrics it combines.
+"""What the controller hands the trainer, the advantages it computes for it (group-relative,
+leave-one-out; DAPO's overlong penalty on the rewards first), and the trainer ranks' metrics it combines.
 
 Plain Python, no torch: the driver imports this, and a driver without torch starts about a
 CPU-second sooner, on the same cores the pools are starting on (`benchmarks/overhead`).
@@ -14,12 +14,15 @@ from dataclasses import dataclass
 
 @dataclass
 class TrainSample:
-    """One scored sample as the trainer needs it; `advantage` is already group-relative."""
+    """One scored sample as the trainer needs it: `advantage` is already relative to its group; under
+    advantageEstimator batch-normalized it is the (shaped) reward, which the trainer turns into
+    `token_advantages`, one per completion token, normalised over the whole batch (REINFORCE++)."""
 
     prompt_token_ids: list[int]
     token_ids: list[int]
     behaviour_logprobs: list[float]
     advantage: float
+    token_advantages: list[float] | None = None
 
 
 def mean_and_std(values: Sequence[float]) -> tuple[float, float]:
@@ -54,6 +57,56 @@ def group_advantages(
         centred = 0.0 if flat else float(reward) - mean
         out.append(centred / (std + eps) if scale_by_std else centred)
     return out
+
+
+def leave_one_out_advantages(rewards: Sequence[float], group_ids: Sequence[Hashable]) -> list[float]:
+    """RLOO's advantages: ``r_i - (sum of the group's other rewards) / (n - 1)``, for each sample.
+
+    The baseline of each sample leaves the sample itself out, so it is unbiased. A group of one
+    has no other reward to compare with and gets 0; an all-equal group gets exactly 0.
+    """
+    if len(rewards) != len(group_ids):
+        raise ValueError(f"{len(rewards)} rewards but {len(group_ids)} group ids")
+    members: dict[Hashable, list[float]] = {}
+    for group, reward in zip(group_ids, rewards, strict=True):
+        members.setdefault(group, []).append(float(reward))
+    totals = {group: (math.fsum(values), len(values), min(values) == max(values)) for group, values in members.items()}
+    out = []
+    for group, reward in zip(group_ids, rewards, strict=True):
+        total, n, flat = totals[group]
+        out.append(0.0 if n == 1 or flat else float(reward) - (total - float(reward)) / (n - 1))
+    return out
+
+
+def advantages(
+    rewards: Sequence[float], group_ids: Sequence[Hashable], estimator: str, *, scale_by_std: bool = True
+) -> list[float]:
+    """Each sample's advantage under `estimator` (spec.algorithm.advantageEstimator). For batch-normalized
+    (REINFORCE++) it is the reward itself: the trainer folds in the KL and normalises over the batch."""
+    if estimator == "group-relative":
+        return group_advantages(rewards, group_ids, scale_by_std=scale_by_std)
+    if estimator == "leave-one-out":
+        return leave_one_out_advantages(rewards, group_ids)
+    if estimator == "batch-normalized":
+        return [float(r) for r in rewards]
+    raise ValueError(f"unknown advantage estimator {estimator!r}")
+
+
+def overlong_penalty(length: int, max_new_tokens: int, buffer_tokens: int, penalty: float) -> float:
+    """DAPO's soft overlong punishment (its eq. 13) times `penalty`: 0 up to ``L = max_new_tokens -
+    buffer_tokens`` tokens, then ``(L - length) / buffer_tokens`` (linear, down to -1 at the limit), -1 past it.
+    Added to the reward of a completion of `length` tokens."""
+    free = max_new_tokens - buffer_tokens
+    if length <= free:
+        return 0.0
+    if length > max_new_tokens:
+        return -penalty
+    return penalty * (free - length) / buffer_tokens
+
+
+def all_equal(values: Sequence[float]) -> bool:
+    """True for rewards that carry no group-relative signal: none, one, or all the same."""
+    return not values or min(values) == max(values)
 
 
 def combine_rank_metrics(per_rank: Sequence[Mapping[str, float]]) -> dict[str, float]:
