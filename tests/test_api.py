@@ -325,7 +325,10 @@ def test_worker_configs_follow_the_spec(example_doc):
     job = parse_rljob(example_doc)
     configs = derive_worker_configs(job)
     assert configs.rollout.model_path == job.spec.model.path == configs.trainer.model_path
-    assert configs.trainer.algorithm == job.spec.algorithm == configs.controller.algorithm
+    assert configs.trainer.algorithm == configs.controller.algorithm
+    assert configs.trainer.algorithm.model_dump(include=set(job.spec.algorithm.model_fields_set)) == (
+        job.spec.algorithm.model_dump(exclude_unset=True)
+    )
     assert configs.reward.functions == job.spec.reward.functions
     assert configs.controller.sampling == job.spec.rollout.sampling
     assert configs.trainer.world_size == 1

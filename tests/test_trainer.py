@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from rljob_api import AlgorithmSpec, CheckpointSpec, WeightSyncSpec
+from rljob_api import AlgorithmSpec, CheckpointSpec, WeightSyncSpec, resolve_algorithm
 from rljob_api.workercfg import TrainerWorkerConfig
 from rljob_workers.trainer import checkpoint
 from rljob_workers.trainer.grpo import token_logprobs
@@ -32,7 +32,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def config(model_dir: Path, micro_batch_size: int = 2, **algorithm: object) -> TrainerWorkerConfig:
-    algo = AlgorithmSpec.model_validate({"learningRate": 1e-2, "promptsPerStep": 2, **algorithm})
+    spec = AlgorithmSpec.model_validate({"learningRate": 1e-2, "promptsPerStep": 2, **algorithm})
+    algo = resolve_algorithm(spec, max_new_tokens=8)
     return TrainerWorkerConfig(
         model_path=str(model_dir),
         dtype="float32",

@@ -1,5 +1,6 @@
 """rljob_api: the RLJob schema, written once. CRD, chart copy and field reference derive from it."""
 
+from .algorithm import Algorithm, AlgorithmSpec, DynamicSamplingSpec, OverlongSpec, resolve_algorithm
 from .base import FieldRuleError, Model
 from .load import FieldError, RLJobInvalid, load_rljob, parse_rljob
 from .placement import Placement, Resources, SecurityContext, Toleration, VolumeSource
@@ -20,7 +21,6 @@ from .spec import (
     KIND,
     PLURAL,
     VERSION,
-    AlgorithmSpec,
     CheckpointSpec,
     DataSpec,
     ModelSpec,
@@ -40,11 +40,13 @@ __all__ = [
     "PLURAL",
     "POOLS",
     "VERSION",
+    "Algorithm",
     "AlgorithmSpec",
     "CheckpointSpec",
     "Condition",
     "DataSpec",
     "DisRMReward",
+    "DynamicSamplingSpec",
     "FieldError",
     "FieldRuleError",
     "GenRMReward",
@@ -52,6 +54,7 @@ __all__ = [
     "Model",
     "ModelSpec",
     "ObjectMeta",
+    "OverlongSpec",
     "Placement",
     "PoolReplicas",
     "PoolsStatus",
@@ -79,4 +82,5 @@ __all__ = [
     "load_rljob",
     "parse_rljob",
     "pool_resource",
+    "resolve_algorithm",
 ]

@@ -11,10 +11,13 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from .presets import PAPERS, PRESET_PAPER, PRESETS, SETTINGS
 from .spec import RLJobSpec
 from .status import RLJobStatus
 
 HEADER = "<!-- Generated from rljob_api by `rljob generate`. DO NOT EDIT. -->\n"
+ALGORITHM = "spec.algorithm"
+PER_PRESET = "[per preset](#algorithm-presets)"
 
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
@@ -58,12 +61,41 @@ def _section(model: type[BaseModel], path: str, out: list[str]) -> None:
     nested: list[tuple[type[BaseModel], str]] = []
     for name, info in model.model_fields.items():
         alias = info.alias or name
-        out.append(f"| `{alias}` | {_type_name(info.annotation)} | {_default(info)} | {info.description or ''} |")
+        default = PER_PRESET if _preset_setting(f"{path}.{alias}") else _default(info)
+        out.append(f"| `{alias}` | {_type_name(info.annotation)} | {default} | {info.description or ''} |")
         for sub in _models_in(info.annotation):
             suffix = "[]" if get_origin(info.annotation) is list else ""
             nested.append((sub, f"{path}.{alias}{suffix}"))
     for sub, sub_path in nested:
         _section(sub, sub_path, out)
+
+
+def _preset_setting(path: str) -> bool:
+    return path.startswith(ALGORITHM + ".") and path.removeprefix(ALGORITHM + ".") in SETTINGS
+
+
+def _cell(value: Any) -> str:
+    return f"`{json.dumps(value)}`" if not hasattr(value, "of") else str(value)
+
+
+def presets_markdown() -> list[str]:
+    """The table of every preset-decided setting's default under each preset, and where it comes from."""
+    out = [
+        "\n## Algorithm presets\n",
+        f"`{ALGORITHM}.name` picks a preset; each setting the job leaves unset takes the preset's default "
+        "below (what `rljob validate` prints as the algorithm the job runs). `grpo` is rljob's behaviour "
+        "before presets existed: token-mean, as DAPO, and no KL.\n",
+        "| setting | " + " | ".join(f"`{p}`" for p in PRESETS) + " | from |",
+        "|---|" + "---|" * len(PRESETS) + "---|",
+    ]
+    for path, setting in SETTINGS.items():
+        cells = " | ".join(_cell(setting.defaults[p]) for p in PRESETS)
+        out.append(f"| `{path}` | {cells} | {setting.source} |")
+    out.append("\nPapers:\n")
+    out.extend(f"- {name}: {PAPERS[name]}" for name in PAPERS)
+    named = ", ".join(f"`{p}`: {PRESET_PAPER[p]}" for p in PRESETS)
+    out.append(f"\nPresets by paper: {named}.")
+    return out
 
 
 def reference_markdown() -> str:
@@ -76,6 +108,7 @@ def reference_markdown() -> str:
         "\n## Spec",
     ]
     _section(RLJobSpec, "spec", out)
+    out.extend(presets_markdown())
     out.append("\n## Status")
     _section(RLJobStatus, "status", out)
     return "\n".join(out) + "\n"

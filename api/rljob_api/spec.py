@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
+from .algorithm import AlgorithmSpec
 from .base import IMMUTABLE, FieldRuleError, Model, cel, cel_rules
 from .placement import SecurityContext, VolumeSource
 from .pools import RolloutSpec, TrainerSpec
@@ -66,65 +67,6 @@ class DataSpec(Model):
     volume: VolumeSource | None = Field(None, description="Volume holding the data.")
 
     model_config = ConfigDict(json_schema_extra=immutable())
-
-
-class AlgorithmSpec(Model):
-    """The RL algorithm and its hyperparameters."""
-
-    name: Literal["grpo"] = Field("grpo", description="Algorithm; GRPO (group-relative advantages, no critic).")
-    group_size: int = Field(
-        8,
-        description="Samples per prompt; advantages are relative within the group.",
-        ge=2,
-        le=1024,
-    )
-    prompts_per_step: int = Field(32, description="Prompt groups per train step.", ge=1, le=65536)
-    mini_batches: int = Field(1, description="Optimizer steps per train step; must divide promptsPerStep.", ge=1)
-    total_steps: int = Field(100, description="Train steps of the run.", ge=1)
-    learning_rate: float = Field(1e-6, description="Adam learning rate.", gt=0)
-    weight_decay: float = Field(0.0, description="AdamW weight decay.", ge=0)
-    max_grad_norm: float = Field(1.0, description="Gradient clipping norm; 0 disables it.", ge=0)
-    kl_coef: float = Field(
-        0.0,
-        description="Weight of the KL penalty to the reference (initial) policy; 0 keeps no reference.",
-        ge=0,
-    )
-    clip_low: float = Field(0.2, description="Lower clip of the importance ratio: 1 - clipLow.", ge=0, lt=1)
-    clip_high: float = Field(0.2, description="Upper clip of the importance ratio: 1 + clipHigh.", ge=0)
-    max_staleness: int = Field(
-        1,
-        description=(
-            "Most policy versions a trained sample may lag the trainer: "
-            "0 synchronous on-policy, 1 one-step off-policy, k asynchronous."
-        ),
-        ge=0,
-        le=64,
-    )
-    loss_aggregation: Literal["token-mean", "sequence-mean"] = Field(
-        "token-mean",
-        description="Average the loss over all tokens, or per sequence then over sequences.",
-    )
-    scale_rewards_by_std: bool = Field(True, description="Divide group-centred rewards by the group's std.")
-    seed: int = Field(0, description="Seed of data order, sampling and initialisation.", ge=0)
-
-    @model_validator(mode="after")
-    def _mini_batches_divide(self) -> AlgorithmSpec:
-        if self.prompts_per_step % self.mini_batches:
-            raise FieldRuleError(
-                "miniBatches",
-                f"{self.mini_batches} does not divide promptsPerStep {self.prompts_per_step}",
-            )
-        return self
-
-    model_config = ConfigDict(
-        json_schema_extra=cel_rules(
-            cel(
-                "self.promptsPerStep % self.miniBatches == 0",
-                "miniBatches must divide promptsPerStep",
-            ),
-            cel("self == oldSelf", IMMUTABLE),
-        )
-    )
 
 
 class WeightSyncSpec(Model):
@@ -211,6 +153,11 @@ class RLJobSpec(Model):
         uses_gpu = self.rollout.gpus_per_replica > 0 or self.trainer.gpus_per_node > 0
         if self.weight_sync.backend == "nccl" and not uses_gpu:
             raise FieldRuleError("weightSync.backend", "nccl needs GPUs in the rollout and trainer pools")
+        buffer, budget = self.algorithm.overlong.buffer_tokens, self.rollout.sampling.max_new_tokens
+        if buffer is not None and buffer > budget:
+            raise FieldRuleError(
+                "algorithm.overlong.bufferTokens", f"{buffer} is more than rollout.sampling.maxNewTokens {budget}"
+            )
         return self
 
     model_config = ConfigDict(
@@ -218,6 +165,11 @@ class RLJobSpec(Model):
             cel(
                 "self.weightSync.everySteps - 1 <= self.algorithm.maxStaleness",
                 "weightSync.everySteps - 1 must not exceed algorithm.maxStaleness",
+            ),
+            cel(
+                "!has(self.algorithm.overlong.bufferTokens) || "
+                "self.algorithm.overlong.bufferTokens <= self.rollout.sampling.maxNewTokens",
+                "algorithm.overlong.bufferTokens must not exceed rollout.sampling.maxNewTokens",
             ),
             cel("self.reward.functions == oldSelf.reward.functions", "reward.functions " + IMMUTABLE),
         )

@@ -11,10 +11,11 @@ from typing import Literal
 
 from pydantic import Field
 
+from .algorithm import Algorithm, resolve_algorithm
 from .base import Model
 from .pools import Engine, SamplingSpec
 from .reward import OnError, ReplicaRange, RewardDispatch, RewardFunction, ScalingSpec
-from .spec import AlgorithmSpec, CheckpointSpec, DataSpec, RLJob, WeightSyncSpec
+from .spec import CheckpointSpec, DataSpec, RLJob, WeightSyncSpec
 
 Pool = Literal["rollout", "trainer", "reward"]
 POOLS: tuple[Pool, ...] = ("rollout", "trainer", "reward")
@@ -87,7 +88,7 @@ class TrainerWorkerConfig(Model):
 
     model_path: str
     dtype: str
-    algorithm: AlgorithmSpec
+    algorithm: Algorithm
     temperature: float = Field(description="Sampling temperature; log-probs are recomputed at it.")
     strategy: Literal["ddp", "fsdp"]
     world_size: int
@@ -105,7 +106,7 @@ class ControllerConfig(Model):
     job_name: str
     namespace: str
     data: DataSpec
-    algorithm: AlgorithmSpec
+    algorithm: Algorithm
     sampling: SamplingSpec
     rollout_replicas: int
     reward_replicas: ReplicaRange
@@ -134,6 +135,7 @@ class WorkerConfigs(Model):
 def derive_worker_configs(job: RLJob) -> WorkerConfigs:
     """The one mapping from an RLJob spec to its workers' configs."""
     spec = job.spec
+    algorithm = resolve_algorithm(spec.algorithm, spec.rollout.sampling.max_new_tokens)
     return WorkerConfigs(
         rollout=RolloutWorkerConfig(
             model_path=spec.model.path,
@@ -154,7 +156,7 @@ def derive_worker_configs(job: RLJob) -> WorkerConfigs:
         trainer=TrainerWorkerConfig(
             model_path=spec.model.path,
             dtype=spec.model.dtype,
-            algorithm=spec.algorithm,
+            algorithm=algorithm,
             temperature=spec.rollout.sampling.temperature,
             strategy=spec.trainer.strategy,
             world_size=spec.trainer.world_size,
@@ -169,7 +171,7 @@ def derive_worker_configs(job: RLJob) -> WorkerConfigs:
             job_name=job.metadata.name,
             namespace=job.metadata.namespace,
             data=spec.data,
-            algorithm=spec.algorithm,
+            algorithm=algorithm,
             sampling=spec.rollout.sampling,
             rollout_replicas=spec.rollout.replicas,
             reward_replicas=spec.reward.replicas,

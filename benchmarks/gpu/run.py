@@ -105,12 +105,12 @@ def build_model(out: Path, size: Size) -> Path:
 
 def trainer_for(model: Path, device: torch.device, dtype: str, batch: int, lr: float = 1e-6) -> Any:
     """The project's trainer, one rank, one micro-batch per step (as the plain loop does)."""
-    from rljob_api import AlgorithmSpec, CheckpointSpec, WeightSyncSpec
+    from rljob_api import AlgorithmSpec, CheckpointSpec, WeightSyncSpec, resolve_algorithm
     from rljob_api.workercfg import TrainerWorkerConfig
     from rljob_workers.trainer.policy import PolicyTrainer
 
     config = TrainerWorkerConfig(
-        model_path=str(model), dtype=dtype, algorithm=AlgorithmSpec.model_validate({"learningRate": lr}),
+        model_path=str(model), dtype=dtype, algorithm=resolve_algorithm(AlgorithmSpec(learning_rate=lr), 256),
         temperature=1.0, strategy="ddp", world_size=1, gpus_per_node=int(device.type == "cuda"),
         micro_batch_size=batch, gradient_checkpointing=False, checkpoint=CheckpointSpec(), weight_sync=WeightSyncSpec(),
     )  # fmt: skip

@@ -18,6 +18,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Validate RLJob files; print every broken rule with its field (--deep: and the set-up checks)."""
+    from rljob_api import resolve_algorithm
     from rljob_workers.driver.setup import SetupError, load_job_file, prepare
 
     failed = 0
@@ -32,6 +33,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         else:
             checked = "; its model, data, rewards and engines check out" if args.deep else ""
             print(f"{path}: valid RLJob {job.metadata.name!r}{checked}")
+            # What each preset-decided setting resolves to: the algorithm as the workers will run it.
+            print("  " + resolve_algorithm(job.spec.algorithm, job.spec.rollout.sampling.max_new_tokens).summary())
     return 1 if failed else 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -17,7 +18,7 @@ from torch import Tensor
 from rljob_api.workercfg import TrainerWorkerConfig
 from rljob_workers.common.device import resolve_dtype
 from rljob_workers.common.freeze import frozen_names
-from rljob_workers.trainer.grpo import grpo_loss, token_logprobs
+from rljob_workers.trainer.grpo import grpo_loss, kl_folded_returns, kl_per_token, moments, token_logprobs, whiten
 from rljob_workers.trainer.samples import TrainSample
 
 
@@ -25,7 +26,8 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -
     """Right-padded prompt+completion ids, and per-position tensors aligned with next-token logits.
 
     Position t of `mask`/`behaviour` refers to the token at t+1 of `input_ids`, which the
-    logits at t predict; only completion tokens are masked in.
+    logits at t predict; only completion tokens are masked in. `advantages` is one per sample, or one
+    per position where any sample carries `token_advantages`.
     """
     lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in samples]
     width = max(lengths)
@@ -40,6 +42,13 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -
         mask[row, prompt - 1 : prompt - 1 + completion] = 1.0
         behaviour[row, prompt - 1 : prompt - 1 + completion] = torch.tensor(sample.behaviour_logprobs)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
+    if any(s.token_advantages is not None for s in samples):
+        per_token = torch.zeros((len(samples), width - 1), dtype=torch.float32)
+        for row, sample in enumerate(samples):
+            start, completion = len(sample.prompt_token_ids) - 1, len(sample.token_ids)
+            values = sample.token_advantages if sample.token_advantages is not None else [sample.advantage] * completion
+            per_token[row, start : start + completion] = torch.tensor(values, dtype=torch.float32)
+        advantages = per_token
     batch = {"input_ids": input_ids, "attention_mask": attention, "mask": mask, "behaviour": behaviour}
     return {k: v.to(device) for k, v in {**batch, "advantages": advantages}.items()}
 
@@ -157,8 +166,10 @@ class PolicyTrainer:
         """
         if len(samples) > -(-total_samples // self.world_size):
             raise ValueError(f"{len(samples)} samples on one rank of {self.world_size} for a batch of {total_samples}")
-        self.model.train()
         sums: dict[str, float] = {}
+        if self.algo.advantage_estimator == "batch-normalized":
+            samples = self._batch_normalized(samples, total_tokens, sums)
+        self.model.train()
         minis, micro_size = self.algo.mini_batches, self.config.micro_batch_size
         scale_samples = total_samples / minis
         scale_tokens = max(total_tokens / minis, 1.0)
@@ -173,6 +184,40 @@ class PolicyTrainer:
                     self._accumulate_padding()
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + self._clip_and_step()
         return {k: v / minis for k, v in sums.items()}
+
+    @torch.no_grad()
+    def _batch_normalized(self, samples: Sequence[TrainSample], total_tokens: int, sums: dict) -> list[TrainSample]:
+        """REINFORCE++: each sample's per-token return (its reward, less klCoef × the KL to come from each token
+        on with klIn reward), normalised over the tokens of the whole batch, every rank's share of it."""
+        kl_coef = self.algo.kl_coef if self.algo.kl_in == "reward" else 0.0
+        parts = [
+            list(samples[i : i + self.config.micro_batch_size])
+            for i in range(0, len(samples), self.config.micro_batch_size)
+        ]
+        returns, kl_sum = [], 0.0
+        for part in parts:
+            batch = collate(part, self.pad_id, self.device)
+            kl = torch.zeros_like(batch["mask"])
+            if kl_coef > 0 and self.reference is not None:
+                # π_old is the sampler's (behaviour) policy: the KL of what was generated to the reference
+                kl = kl_per_token(
+                    batch["behaviour"], self._logprobs(self.reference, batch), batch["mask"], self.algo.kl_estimator
+                )
+                kl_sum += float(kl.sum())
+            returns.append((kl_folded_returns(batch["advantages"], kl, batch["mask"], kl_coef), batch["mask"]))
+        totals = sum((moments(r, m) for r, m in returns), torch.zeros(3, dtype=torch.float64, device=self.device))
+        if self.world_size > 1:
+            torch.distributed.all_reduce(totals)
+        if kl_coef > 0:
+            sums["kl_reward"] = kl_sum / max(total_tokens, 1)  # the ranks' figures add up to the batch's mean
+        out = []
+        for part, (part_returns, mask) in zip(parts, returns, strict=True):
+            advantages = whiten(part_returns, mask, totals)
+            for row, sample in enumerate(part):
+                start = len(sample.prompt_token_ids) - 1
+                values = advantages[row, start : start + len(sample.token_ids)].tolist()
+                out.append(replace(sample, token_advantages=values))
+        return out
 
     def _accumulate_padding(self) -> None:
         """A forward/backward of weight 0, so that this rank joins the other ranks' collectives.
@@ -189,7 +234,7 @@ class PolicyTrainer:
         batch = collate(micro, self.pad_id, self.device)
         logprobs = self._logprobs(self.model, batch)
         ref = None
-        if self.reference is not None:
+        if self.reference is not None and self.algo.kl_in == "loss":
             with torch.no_grad():
                 ref = self._logprobs(self.reference, batch)
         loss, metrics = grpo_loss(
@@ -198,11 +243,15 @@ class PolicyTrainer:
             batch["advantages"],
             batch["mask"],
             ref_logprobs=ref,
-            kl_coef=self.algo.kl_coef,
+            kl_coef=self.algo.kl_coef if self.algo.kl_in == "loss" else 0.0,
+            kl_kind=self.algo.kl_estimator,
             clip_low=self.algo.clip_low,
             clip_high=self.algo.clip_high,
             aggregation=self.algo.loss_aggregation,
+            norm_tokens=self.algo.loss_norm_tokens,
+            ratio_level=self.algo.ratio_level,
         )
+        # Token-mean weighs a micro-batch by its tokens; the others average over completions first
         if self.algo.loss_aggregation == "token-mean":
             weight = float(batch["mask"].sum()) / per_tokens
         else:
