@@ -33,6 +33,9 @@ def status_table(job: str, status: pb.JobStatus) -> Table:
         ("reward retries", str(s.reward_retries)),
         ("elapsed", f"{status.elapsed_seconds:.0f} s"),
     ]
+    if s.filtered_groups or s.masked_truncated:
+        filtered = f"{s.filtered_groups} groups ({s.filtered} samples) with all-equal rewards"
+        rows.append(("filtered", f"{filtered}  truncated, out of the loss {s.masked_truncated}"))
     if s.waiting_for_reward:
         rows.append(("waiting", f"{s.waiting_for_reward} sample(s) for reward: {status.reward_wait_reason}"))
     for r in status.restarts:  # each replacement this driver made, oldest first
@@ -77,7 +80,9 @@ class Progress:
             self.console.print(
                 f"step {status.step}/{status.total_steps}  reward {status.reward_mean:.3f}  "
                 f"samples/s {status.samples_per_second:.1f}  staleness {status.staleness_mean:.2f}  "
-                f"stale {status.samples.discarded_stale}  elapsed {status.elapsed_seconds:.0f}s",
+                f"stale {status.samples.discarded_stale}  "
+                + (f"filtered {status.samples.filtered_groups}  " if status.samples.filtered_groups else "")
+                + f"elapsed {status.elapsed_seconds:.0f}s",
                 highlight=False,
             )
 

@@ -19,6 +19,8 @@ COUNT_HELP = {
     "excluded_reward_error": "Samples excluded after a reward error (onError: exclude)",
     "lost_replica": "Samples regenerated after their rollout replica was lost",
     "reward_retries": "Reward calls retried after an error",
+    "filtered": "Samples of groups dynamic sampling dropped (all rewards equal)",
+    "masked_truncated": "Samples cut at maxNewTokens and left out of the loss (overlong.maskTruncated)",
 }
 
 
@@ -29,47 +31,33 @@ class RunMetrics:
         self.registry = CollectorRegistry()
         labels = {"job_name": job}
         self.labels = labels
-        self.step = Gauge("rljob_step", "Train steps completed", list(labels), registry=self.registry)
-        self.version = Gauge("rljob_policy_version", "Policy version published", list(labels), registry=self.registry)
-        self.reward = Gauge("rljob_reward_mean", "Mean reward of the last batch", list(labels), registry=self.registry)
-        self.staleness = Gauge(
-            "rljob_staleness_mean", "Mean staleness of the last batch", list(labels), registry=self.registry
+
+        def gauge(name: str, help_text: str, *more: str) -> Gauge:
+            return Gauge(name, help_text, [*labels, *more], registry=self.registry)
+
+        self.step = gauge("rljob_step", "Train steps completed")
+        self.version = gauge("rljob_policy_version", "Policy version published")
+        self.reward = gauge("rljob_reward_mean", "Mean reward of the last batch")
+        self.staleness = gauge("rljob_staleness_mean", "Mean staleness of the last batch")
+        self.step_seconds = gauge("rljob_step_seconds", "Seconds of the last train step")
+        self.trainer_wait = gauge("rljob_trainer_wait_seconds", "Seconds the trainer waited for its last batch")
+        self.group_latency = gauge(
+            "rljob_group_latency_max_seconds", "Slowest prompt group of the last batch, from dispatch to its last score"
         )
-        self.step_seconds = Gauge(
-            "rljob_step_seconds", "Seconds of the last train step", list(labels), registry=self.registry
+        self.sync_seconds = gauge(
+            "rljob_weight_sync_seconds", "Seconds of the last train step spent syncing weights to the rollout pool"
         )
-        self.trainer_wait = Gauge(
-            "rljob_trainer_wait_seconds",
-            "Seconds the trainer waited for its last batch",
-            list(labels),
-            registry=self.registry,
-        )
-        self.group_latency = Gauge(
-            "rljob_group_latency_max_seconds",
-            "Slowest prompt group of the last batch, from dispatch to its last score",
-            list(labels),
-            registry=self.registry,
-        )
-        self.sync_seconds = Gauge(
-            "rljob_weight_sync_seconds",
-            "Seconds of the last train step spent syncing weights to the rollout pool",
-            list(labels),
-            registry=self.registry,
-        )
-        self.reward_backlog = Gauge(
-            "rljob_reward_backlog", "Samples waiting for a reward replica or being scored", list(labels),
-            registry=self.registry,
+        self.reward_backlog = gauge("rljob_reward_backlog", "Samples waiting for a reward replica or being scored")
+        self.reward_replicas = gauge(
+            "rljob_reward_replicas", "Reward replicas the elastic policy wants (desired) and that take samples (ready)",
+            "state",
         )  # fmt: skip
-        self.reward_replicas = Gauge(
-            "rljob_reward_replicas",
-            "Reward replicas the elastic policy wants (desired) and that take samples (ready)",
-            [*labels, "state"],
-            registry=self.registry,
-        )
-        self.idle = Gauge(
-            "rljob_pool_idle_fraction",
-            "Fraction of the last minute a pool was idle",
-            [*labels, "pool"],
+        self.idle = gauge("rljob_pool_idle_fraction", "Fraction of the last minute a pool was idle", "pool")
+        self.truncated = gauge("rljob_truncated_fraction", "Share of the last step's samples cut at maxNewTokens")
+        self.filtered_groups = Counter(
+            "rljob_filtered_groups",
+            "Prompt groups dynamic sampling dropped (all rewards equal)",
+            list(labels),
             registry=self.registry,
         )
         self.samples = Counter(
@@ -110,6 +98,9 @@ class RunMetrics:
         self.trainer_wait.labels(**self.labels).set(report.wait_seconds)
         self.group_latency.labels(**self.labels).set(report.group_latency_max)
         self.sync_seconds.labels(**self.labels).set(report.sync_seconds)
+        self.truncated.labels(**self.labels).set(report.truncated_fraction)
+        if report.counts.filtered_groups > self._seen.filtered_groups:
+            self.filtered_groups.labels(**self.labels).inc(report.counts.filtered_groups - self._seen.filtered_groups)
         for outcome in COUNT_HELP:
             delta = getattr(report.counts, outcome) - getattr(self._seen, outcome)
             if delta > 0:

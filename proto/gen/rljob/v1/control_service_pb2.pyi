@@ -35,7 +35,7 @@ class PoolStatus(_message.Message):
     def __init__(self, desired: _Optional[int] = ..., ready: _Optional[int] = ..., drained: _Optional[_Iterable[str]] = ..., idle_fraction: _Optional[float] = ...) -> None: ...
 
 class SampleCounts(_message.Message):
-    __slots__ = ("generated", "scored", "trained", "discarded_stale", "excluded_reward_error", "lost_replica", "reward_retries", "waiting_for_reward")
+    __slots__ = ("generated", "scored", "trained", "discarded_stale", "excluded_reward_error", "lost_replica", "reward_retries", "waiting_for_reward", "filtered", "filtered_groups", "masked_truncated")
     GENERATED_FIELD_NUMBER: _ClassVar[int]
     SCORED_FIELD_NUMBER: _ClassVar[int]
     TRAINED_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,9 @@ class SampleCounts(_message.Message):
     LOST_REPLICA_FIELD_NUMBER: _ClassVar[int]
     REWARD_RETRIES_FIELD_NUMBER: _ClassVar[int]
     WAITING_FOR_REWARD_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_FIELD_NUMBER: _ClassVar[int]
+    FILTERED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    MASKED_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     generated: int
     scored: int
     trained: int
@@ -52,7 +55,10 @@ class SampleCounts(_message.Message):
     lost_replica: int
     reward_retries: int
     waiting_for_reward: int
-    def __init__(self, generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., discarded_stale: _Optional[int] = ..., excluded_reward_error: _Optional[int] = ..., lost_replica: _Optional[int] = ..., reward_retries: _Optional[int] = ..., waiting_for_reward: _Optional[int] = ...) -> None: ...
+    filtered: int
+    filtered_groups: int
+    masked_truncated: int
+    def __init__(self, generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., discarded_stale: _Optional[int] = ..., excluded_reward_error: _Optional[int] = ..., lost_replica: _Optional[int] = ..., reward_retries: _Optional[int] = ..., waiting_for_reward: _Optional[int] = ..., filtered: _Optional[int] = ..., filtered_groups: _Optional[int] = ..., masked_truncated: _Optional[int] = ...) -> None: ...
 
 class JobStatus(_message.Message):
     __slots__ = ("phase", "step", "total_steps", "policy_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max", "samples_per_second", "rollout", "trainer", "reward", "samples", "checkpoint", "message", "elapsed_seconds", "reward_wait_reason", "run_id", "restarts")

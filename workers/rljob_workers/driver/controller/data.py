@@ -113,6 +113,10 @@ class PromptSource:
         """The trainer has used this prompt's group; it is never handed out again."""
         del self.pending[prompt_id]
 
+    def filtered(self, prompt_id: str) -> None:
+        """This prompt's group had nothing to learn (dynamic sampling dropped it): done, as if trained."""
+        del self.pending[prompt_id]
+
     def state(self) -> dict[str, Any]:
         """JSON-able position for a checkpoint."""
         return {"epoch": self.epoch, "cursor": self.cursor, "pending": sorted(self.pending)}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rljob_workers.driver.controller.data import Prompt
@@ -21,6 +22,7 @@ class Sample:
     logprobs: list[float]
     policy_version: int
     text: str
+    truncated: bool = False  # cut at maxNewTokens (finish reason LENGTH)
     reward: float | None = None
     components: dict[str, float] = field(default_factory=dict)
 
@@ -97,11 +99,17 @@ def staleness(sample_version: int, trainer_version: int) -> int:
 
 @dataclass
 class GroupTracker:
-    """Every group in flight; complete groups wait, in completion order, for the trainer."""
+    """Every group in flight; complete groups wait, in completion order, for the trainer.
+
+    With an `informative` test (dynamic sampling), a complete group that fails it goes to `filtered`
+    instead: it no longer counts as outstanding, so another group may start in its place at once.
+    """
 
     groups: dict[str, Group] = field(default_factory=dict)
     ready: deque[Group] = field(default_factory=deque)
     duplicates: int = 0
+    informative: Callable[[Group], bool] | None = None
+    filtered: list[Group] = field(default_factory=list)
 
     def start(self, prompt: Prompt, n: int, version: int = 0) -> Group:
         if prompt.prompt_id in self.groups:
@@ -149,7 +157,10 @@ class GroupTracker:
         if group.complete:
             group.ready_at = time.monotonic()
             del self.groups[prompt_id]
-            self.ready.append(group)
+            if self.informative is None or self.informative(group):
+                self.ready.append(group)
+            else:
+                self.filtered.append(group)
 
     def drop(self, prompt_id: str) -> Group:
         """Forget a group in flight (its prompt will be handed out again)."""

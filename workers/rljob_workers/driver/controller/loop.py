@@ -6,8 +6,11 @@ Three kinds of asyncio tasks share one `asyncio.Condition`:
   once its whole group is generated (`group`), or once the batch being generated is (`batch`);
 - the train loop takes `promptsPerStep` complete groups, drops (and regenerates) groups
   older than `maxStaleness`, trains, publishes the new version and checkpoints.
+Under dynamic sampling (DAPO) a group whose rewards are all equal is dropped as it completes, and its
+place in the staleness window is free at once for another group.
 Every sample is counted on its way: generated, scored, trained, discarded as stale,
-excluded after a reward error, or regenerated after a replica was lost.
+excluded after a reward error, regenerated after a replica was lost, dropped by dynamic sampling or
+left out of the loss as truncated.
 """
 
 from __future__ import annotations
@@ -25,26 +28,24 @@ from typing import Any
 import grpc
 
 from rljob.v1 import sample_pb2
+from rljob_api.algorithm import Algorithm
 from rljob_api.workercfg import ControllerConfig
-from rljob_workers.driver.controller.batch import train_batch
+from rljob_workers.driver.controller.batch import StepBatch, informative, train_batch
 from rljob_workers.driver.controller.data import Prompt, PromptSource
 from rljob_workers.driver.controller.groups import Group, GroupTracker, Sample, dispatch_allowed, staleness
 from rljob_workers.driver.controller.idle import BusyClock
-from rljob_workers.driver.controller.messages import contiguous_runs, generate_request, received_sample, reward_request
-from rljob_workers.driver.controller.report import Counts, RunFailed, Scorer, StepReport, Trainer
+from rljob_workers.driver.controller.messages import contiguous_runs, generate_request, received_sample
+from rljob_workers.driver.controller.report import Counts, NothingToLearn, RunFailed, Scorer, StepReport, Trainer
 from rljob_workers.driver.controller.rollout_clients import Replica, ReplicaLost, RolloutClients
+from rljob_workers.driver.controller.scoring import RewardScoring
 from rljob_workers.trainer.checkpoint import step_dir
 from rljob_workers.trainer.samples import mean_and_std
 
 log = logging.getLogger(__name__)
 
-# Longest pause between two tries of a sample under onError: wait (an endpoint's breaker reopens
-# for a trial call after its resetSeconds; waiting far longer than that only delays recovery).
-WAIT_BACKOFF_CAP_SECONDS = 5.0
-
 
 @dataclass
-class Controller:
+class Controller(RewardScoring):
     config: ControllerConfig
     prompts: PromptSource
     rollout: RolloutClients
@@ -72,8 +73,13 @@ class Controller:
     _release: asyncio.Task[None] | None = None  # the last step's groups, released once its version is out
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
+    def __post_init__(self) -> None:
+        if self.algo.dynamic_sampling.enabled:  # DAPO: a group with nothing to learn frees its place at once
+            budget = self.config.sampling.max_new_tokens
+            self.tracker.informative = lambda group: informative(group, self.algo, budget)
+
     @property
-    def algo(self) -> Any:
+    def algo(self) -> Algorithm:
         return self.config.algorithm
 
     # ---- the train loop -------------------------------------------------------------
@@ -94,6 +100,10 @@ class Controller:
             self._raise_if_failed()
             if self.stop.is_set() and not self._checkpointed_now():
                 self.last_checkpoint = await self.trainer.save_checkpoint(self.step, self.version, self.state())
+        except NothingToLearn:
+            if self.step and not self._checkpointed_now():  # the pools are fine: keep what was learned
+                self.last_checkpoint = await self.trainer.save_checkpoint(self.step, self.version, self.state())
+            raise
         finally:
             stop_watch.cancel()
             dispatcher.cancel()
@@ -109,18 +119,20 @@ class Controller:
 
     async def _train_one_step(self) -> None:
         waited = time.monotonic()
-        groups = await self._next_batch()
+        groups, filtered = await self._next_batch()
         if self.stop.is_set():
             return  # the step in progress is dropped; its prompts stay pending, so a resume trains them
         started = time.monotonic()
-        samples, rewards, lags, prompt_ids = train_batch(groups, self.version, self.algo.scale_rewards_by_std)
+        batch = train_batch(groups, self.version, self.algo, self.config.sampling.max_new_tokens)
         with self.trainer_busy.busy():
-            metrics = await self.trainer.train_step(samples)
+            metrics = await self.trainer.train_step(batch.samples)
             self.step += 1
             self.version += 1
-            self.counts.trained += len(samples)
-            for prompt_id in prompt_ids:
+            self.counts.trained += len(batch.samples)
+            self.counts.masked_truncated += batch.masked
+            for prompt_id in batch.prompt_ids:
                 self.prompts.trained(prompt_id)
+            self._count_filtered(filtered)
             synced, delivery = time.monotonic(), None
             if self.version % self.config.weight_sync.every_steps == 0:
                 if self._release is not None:
@@ -135,30 +147,54 @@ class Controller:
             await self._release
         checkpoint_due = self._checkpointed_now()
         written = str(step_dir(Path(self.config.checkpoint.dir), self.step)) if checkpoint_due else self.last_checkpoint
-        reward_mean, reward_std = mean_and_std(rewards)
-        self.on_step(
-            StepReport(
-                step=self.step,
-                version=self.version,
-                reward_mean=reward_mean,
-                reward_std=reward_std,
-                staleness_mean=sum(lags) / max(len(lags), 1),
-                staleness_max=max(lags, default=0),
-                samples=len(samples),
-                prompt_ids=prompt_ids,
-                train_metrics=metrics,
-                step_seconds=time.monotonic() - started,
-                wait_seconds=started - waited,
-                elapsed_seconds=time.monotonic() - self._started,
-                counts=Counts(**vars(self.counts)),
-                checkpoint=written,
-                group_latency_max=max((g.latency or 0.0 for g in groups), default=0.0),
-                sync_seconds=synced,
-            )
-        )
+        times = {"step_seconds": time.monotonic() - started, "wait_seconds": started - waited, "sync_seconds": synced}
+        self.on_step(self._report(groups, filtered, batch, metrics, written, times))
         # The line before its checkpoint: a trainer dying in between leaves a line the resume cuts.
         if checkpoint_due:
             self.last_checkpoint = await self.trainer.save_checkpoint(self.step, self.version, self.state())
+
+    def _count_filtered(self, filtered: list[Group]) -> None:
+        """Groups dynamic sampling dropped for the step just trained: counted, their prompts done."""
+        self.counts.filtered_groups += len(filtered)
+        self.counts.filtered += sum(len(group.scored) for group in filtered)
+        for group in filtered:
+            self.prompts.filtered(group.prompt.prompt_id)
+
+    def _report(
+        self,
+        groups: list[Group],
+        filtered: list[Group],
+        batch: StepBatch,
+        metrics: dict[str, float],
+        checkpoint: str | None,
+        times: dict[str, float],
+    ) -> StepReport:
+        """The step's report. Its reward and truncated share cover every group the step used up, dropped ones
+        too: under dynamic sampling the trained groups alone are the policy's middling prompts."""
+        filtered_rewards = [float(s.reward or 0.0) for group in filtered for s in group.scored]
+        reward_mean, reward_std = mean_and_std(batch.rewards + filtered_rewards)
+        scored = len(batch.rewards) + len(filtered_rewards)
+        truncated = batch.truncated + sum(1 for group in filtered for s in group.scored if s.truncated)
+        return StepReport(
+            step=self.step,
+            version=self.version,
+            reward_mean=reward_mean,
+            reward_std=reward_std,
+            staleness_mean=sum(batch.lags) / max(len(batch.lags), 1),
+            staleness_max=max(batch.lags, default=0),
+            samples=len(batch.samples),
+            prompt_ids=batch.prompt_ids,
+            train_metrics=metrics,
+            elapsed_seconds=time.monotonic() - self._started,
+            counts=Counts(**vars(self.counts)),
+            checkpoint=checkpoint,
+            group_latency_max=max((g.latency or 0.0 for g in groups), default=0.0),
+            group_reward_means=[mean_and_std([float(s.reward or 0.0) for s in g.scored])[0] for g in groups],
+            filtered_prompt_ids=[g.prompt.prompt_id for g in filtered],
+            filtered_reward_means=[mean_and_std([float(s.reward or 0.0) for s in g.scored])[0] for g in filtered],
+            truncated_fraction=truncated / max(scored, 1),
+            **times,
+        )
 
     async def _release_groups(self, count: int, delivery: Awaitable[None] | None) -> None:
         if inspect.isawaitable(delivery):
@@ -171,8 +207,9 @@ class Controller:
             self._trained_groups, self._in_training = self._trained_groups + count, self._in_training - count
             self._changed.notify_all()
 
-    async def _next_batch(self) -> list[Group]:
-        """promptsPerStep complete groups, each within maxStaleness of the version to train."""
+    async def _next_batch(self) -> tuple[list[Group], list[Group]]:
+        """promptsPerStep complete groups, each within maxStaleness of the version to train; and the groups
+        dynamic sampling dropped since the last step (the tracker drops them as they complete)."""
         batch: list[Group] = []
         taken: list[Group] = []
 
@@ -181,14 +218,17 @@ class Controller:
             group = self.tracker.take_for_batch(self.version, self.algo.max_staleness, room)
             if group is not None:
                 taken.append(group)
-            return group is not None or self._failure is not None or self.stop.is_set()
+            stopped = self._failure is not None or self.stop.is_set() or self._too_many_filtered()
+            return group is not None or stopped
 
         async with self._changed:
             while len(batch) < self.algo.prompts_per_step:
                 await self._changed.wait_for(take)
                 self._raise_if_failed()
+                if self._too_many_filtered():
+                    raise NothingToLearn(self._nothing_to_learn())
                 if not taken:  # stopped
-                    return batch
+                    return batch, []
                 group = taken.pop()
                 if group.received and staleness(group.oldest_version(), self.version) > self.algo.max_staleness:
                     # Too old to train on: regenerate the prompt with the current policy.
@@ -198,7 +238,22 @@ class Controller:
                     continue
                 batch.append(group)
                 self._in_training += 1
-        return batch
+            filtered, self.tracker.filtered = self.tracker.filtered, []
+        return batch, filtered
+
+    def _too_many_filtered(self) -> bool:
+        return len(self.tracker.filtered) > self.algo.dynamic_sampling.max_extra_groups
+
+    def _nothing_to_learn(self) -> str:
+        filtered = self.tracker.filtered
+        rewards = sorted({float(s.reward or 0.0) for group in filtered for s in group.scored})
+        return (
+            f"spec.algorithm.dynamicSampling.maxExtraGroups: step {self.step + 1} dropped {len(filtered)} prompt "
+            f"groups whose rewards were all equal (all {' or '.join(f'{r:g}' for r in rewards[:4])}), more than "
+            f"maxExtraGroups {self.algo.dynamic_sampling.max_extra_groups}, "
+            f"before it found promptsPerStep {self.algo.prompts_per_step} groups to learn from: the data has "
+            "nothing left to teach this policy"
+        )
 
     def _checkpointed_now(self) -> bool:
         """Whether the step just finished is one that gets a checkpoint."""
@@ -293,79 +348,6 @@ class Controller:
             return  # the batch is still being generated
         for prompt_id in generated:
             self._spawn(self._score(self.tracker.groups[prompt_id].prompt, self._held.pop(prompt_id)))
-
-    # ---- reward -----------------------------------------------------------------------
-    async def _score(self, prompt: Prompt, samples: list[Sample]) -> None:
-        """Score samples ready together in one call to the scorer and one update of their group; a
-        sample whose reward failed is retried, waited for or excluded on its own (onError)."""
-        requests = [reward_request(prompt, sample) for sample in samples]
-        results = await self.scorer.score_many(requests)
-        await self._record_scores([(s, r) for s, r in zip(samples, results, strict=True) if not r.HasField("error")])
-        failed = [(s, q, r) for s, q, r in zip(samples, requests, results, strict=True) if r.HasField("error")]
-        await asyncio.gather(*(self._retry(sample, request, result) for sample, request, result in failed))
-
-    async def _record_scores(self, scored: list[tuple[Sample, sample_pb2.SampleScore]]) -> None:
-        if not scored:
-            return
-        async with self._changed:
-            for sample, result in scored:
-                self.counts.scored += 1
-                self.tracker.score(sample.prompt_id, sample.index, result.score, dict(result.components))
-            self._changed.notify_all()
-
-    async def _retry(self, sample: Sample, request: sample_pb2.RewardSample, result: sample_pb2.SampleScore) -> None:
-        """A sample whose reward failed: tried again (rewardRetries, onError: wait) until scored, or
-        failing the run or excluded (onError)."""
-        policy = self.config.reward_on_error
-        attempt = 0
-        waiting_since: float | None = None
-        waited_out = ""
-        while result.HasField("error"):
-            error_class = result.error.error_class
-            # A malformed sample stays malformed: retrying cannot help.
-            retry = attempt < self.config.reward_retries and error_class != sample_pb2.ERROR_CLASS_INVALID
-            wait = policy == "wait" and error_class == sample_pb2.ERROR_CLASS_TRANSIENT
-            if not (retry or wait):
-                break
-            if not retry:
-                if waiting_since is None:
-                    waiting_since = time.monotonic()
-                    log.warning("waiting for reward (onError: wait): %s", result.error.message)
-                waited, limit = time.monotonic() - waiting_since, self.config.reward_wait_timeout
-                if limit is not None and waited > limit:
-                    waited_out = f" (waited {waited:.1f}s, over waitTimeoutSeconds {limit:g})"
-                    break
-                self._waiting.add(sample.sample_id)
-                self._wait_reason = result.error.message
-            self.counts.reward_retries += 1
-            # The exponent is capped: under onError: wait, 2**attempt would outgrow a float in time.
-            await asyncio.sleep(min(0.05 * 2 ** min(attempt, 10), WAIT_BACKOFF_CAP_SECONDS if wait else 2.0))
-            attempt += 1
-            result = await self.scorer.score(request)
-        self._waiting.discard(sample.sample_id)
-        if result.HasField("error"):
-            await self._reward_failed(sample, result.error, waited_out)
-        else:
-            await self._record_scores([(sample, result)])
-
-    async def _reward_failed(self, sample: Sample, error: sample_pb2.ScoreError, waited_out: str) -> None:
-        detail = error.message
-        if sample.sample_id not in detail:  # servers in other languages may not name the sample
-            detail = f"sample {sample.sample_id}: reward function {error.function or '?'} failed: {detail}"
-        detail += waited_out
-        if self.config.reward_on_error in ("fail", "wait"):
-            self.fail(detail)
-            return
-        log.warning("excluded %s", detail)
-        async with self._changed:
-            self.counts.excluded_reward_error += 1
-            self.tracker.exclude(sample.prompt_id, sample.index)
-            self._changed.notify_all()
-
-    @property
-    def waiting_for_reward(self) -> tuple[int, str]:
-        """Samples whose reward is retried under onError: wait now, and the newest error that made one wait."""
-        return len(self._waiting), self._wait_reason if self._waiting else ""
 
     # ---- failure and state ---------------------------------------------------------------
     def fail(self, message: str) -> None:

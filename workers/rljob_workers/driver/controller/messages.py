@@ -32,6 +32,7 @@ def received_sample(completion: sample_pb2.Completion) -> Sample:
         logprobs=list(completion.logprobs),
         policy_version=completion.policy_version,
         text=completion.text,
+        truncated=completion.finish_reason == sample_pb2.FINISH_REASON_LENGTH,
     )
 
 

@@ -3,7 +3,7 @@ the failure that ends a run, and the trainer and scorer protocols."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rljob.v1 import sample_pb2
@@ -12,6 +12,11 @@ from rljob_workers.trainer.samples import TrainSample
 
 class RunFailed(RuntimeError):
     """The run cannot go on; the message says why, naming the sample and function where one failed."""
+
+
+class NothingToLearn(RunFailed):
+    """Dynamic sampling dropped more groups for one step than maxExtraGroups allows: every reward the
+    policy earns on the data is the same, so no step can be filled with groups to learn from."""
 
 
 class Trainer(Protocol):
@@ -39,6 +44,9 @@ class Counts:
     excluded_reward_error: int = 0
     lost_replica: int = 0
     reward_retries: int = 0
+    filtered: int = 0  # scored samples of groups dynamic sampling dropped (all rewards equal)
+    filtered_groups: int = 0  # those groups
+    masked_truncated: int = 0  # scored samples cut at maxNewTokens and left out of the loss (maskTruncated)
 
 
 @dataclass
@@ -47,7 +55,7 @@ class StepReport:
 
     step: int
     version: int
-    reward_mean: float
+    reward_mean: float  # over every scored sample of the step's groups, trained or filtered
     reward_std: float
     staleness_mean: float
     staleness_max: int
@@ -63,3 +71,8 @@ class StepReport:
     # least this plus a train step, or the trainer waits (the reward_pipeline benchmark's latency bound).
     group_latency_max: float = 0.0
     sync_seconds: float = 0.0  # of step_seconds, the weight sync to the rollout pool
+    group_reward_means: list[float] = field(default_factory=list)  # each trained group's, as prompt_ids
+    # Groups dynamic sampling dropped since the step before (all rewards equal), and each one's reward.
+    filtered_prompt_ids: list[str] = field(default_factory=list)
+    filtered_reward_means: list[float] = field(default_factory=list)
+    truncated_fraction: float = 0.0  # of the step's scored samples, those cut at maxNewTokens

@@ -1,0 +1,183 @@
+"""DAPO's dynamic sampling in the controller, on the in-process fakes of test_controller_dispatch (exact
+and fast; tests/test_algorithm_runs.py runs it for real): a group whose rewards are all equal is dropped
+as it completes, counted, its prompt done; another group takes its place within the staleness window;
+every step trains promptsPerStep groups with something to learn; a step that cannot find them fails,
+naming the field, and keeps what was learned in a checkpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_controller_dispatch import FakeRollout, FakeTrainer, Log
+
+from rljob.v1 import sample_pb2
+from rljob_api import parse_rljob
+from rljob_api.workercfg import derive_worker_configs
+from rljob_workers.driver.controller.data import PromptSource
+from rljob_workers.driver.controller.loop import Controller
+from rljob_workers.driver.controller.report import Counts, NothingToLearn, StepReport
+from rljob_workers.driver.ledger import read_ledger
+from rljob_workers.driver.metrics import RunMetrics
+
+from conftest import REPO
+
+
+@dataclass
+class RowScorer:
+    """A prompt "q<row>" for which `flat(row)` holds earns 1 for every sample (nothing to learn); any other
+    earns 1 for odd sample indices and 0 for even ones (half right: a group to learn from)."""
+
+    flat: Callable[[int], bool]
+
+    async def score(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore:
+        row = int(sample.prompt.removeprefix("q"))
+        reward = 1.0 if self.flat(row) else float(int(sample.completion) % 2)  # the fake's completion: its index
+        return sample_pb2.SampleScore(sample_id=sample.sample_id, score=reward)
+
+    async def score_many(self, samples: list[sample_pb2.RewardSample]) -> list[sample_pb2.SampleScore]:
+        return [await self.score(sample) for sample in samples]
+
+
+@dataclass
+class Run:
+    controller: Controller
+    reports: list[StepReport]
+    outstanding: list[int]  # groups outstanding (in flight, ready or in training) at each dispatch
+
+
+def dynamic_run(flat: Callable[[int], bool], steps: int, per_step: int = 3, n: int = 4, **algorithm: Any) -> Run:
+    doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
+    doc["spec"]["algorithm"].update(
+        name="dapo", groupSize=n, promptsPerStep=per_step, totalSteps=steps, overlong={"penalty": 0.0}, **algorithm
+    )
+    config = derive_worker_configs(parse_rljob(doc)).controller
+    log, version = Log(), [0]
+    reports: list[StepReport] = []
+    outstanding: list[int] = []
+
+    async def sync_weights(new_version: int) -> None:
+        version[0] = new_version
+
+    rollout = FakeRollout(log, version)
+    controller = Controller(
+        config=config,
+        prompts=PromptSource([(f"q{i}", {"answer": "1"}) for i in range(200)], seed=0, shuffle=False),
+        rollout=rollout,  # type: ignore[arg-type]
+        scorer=RowScorer(flat),
+        trainer=FakeTrainer(log),
+        sync_weights=sync_weights,
+        on_step=reports.append,
+    )
+    generate = rollout.generate
+
+    def counted(*args: Any, **kwargs: Any) -> AsyncIterator[list[sample_pb2.Completion]]:
+        outstanding.append(controller.tracker.outstanding + controller._in_training)
+        return generate(*args, **kwargs)
+
+    rollout.generate = counted  # type: ignore[method-assign]
+    return Run(controller, reports, outstanding)
+
+
+def row(prompt_id: str) -> int:
+    return int(prompt_id.rsplit("-", 1)[1])
+
+
+def test_all_equal_groups_are_dropped_counted_and_replaced_within_the_staleness_window() -> None:
+    # Two prompts of three earn 1 on every sample: each step drops about two groups per group it trains.
+    run = dynamic_run(lambda r: r % 3 != 0, steps=4, maxStaleness=1)
+    asyncio.run(asyncio.wait_for(run.controller.run(), 30))
+    trained = [p for r in run.reports for p in r.prompt_ids]
+    filtered = [p for r in run.reports for p in r.filtered_prompt_ids]
+    assert [len(r.prompt_ids) for r in run.reports] == [3, 3, 3, 3]
+    assert all(row(p) % 3 == 0 for p in trained) and all(row(p) % 3 for p in filtered)
+    assert all(mean == 0.5 for r in run.reports for mean in r.group_reward_means), "every trained group informative"
+    assert all(mean == 1.0 for r in run.reports for mean in r.filtered_reward_means)
+    assert len(set(trained + filtered)) == len(trained) + len(filtered), "no prompt used twice"
+    assert len(filtered) >= 6  # rows 1, 2, 4, 5, 7, 8 came before row 9, the fourth trained
+    counts = run.controller.counts
+    assert (counts.filtered_groups, counts.filtered) == (len(filtered), 4 * len(filtered))
+    assert counts.trained == 4 * 3 * 4 and counts.discarded_stale == 0
+    prompts = run.controller.prompts
+    assert not set(trained + filtered) & set(prompts.pending), "trained or filtered: done"
+    # Nothing lost: every prompt handed out was trained, filtered, or is still pending (in flight at the end).
+    assert sorted(row(p) for p in [*trained, *filtered, *prompts.pending]) == list(range(prompts.cursor))
+    # The refills stay inside the window: (maxStaleness + 1) * promptsPerStep groups outstanding at most.
+    assert max(run.outstanding) <= 2 * 3
+    assert max(r.staleness_max for r in run.reports) <= 1
+    # The step's reward covers the dropped groups too: the policy's reward on what it was given.
+    first = run.reports[0]
+    rewards = [0.5] * 3 + [1.0] * len(first.filtered_prompt_ids)
+    assert first.reward_mean == pytest.approx(sum(rewards) / len(rewards))
+
+
+def test_on_policy_refills_wait_for_nothing_and_stay_on_policy() -> None:
+    run = dynamic_run(lambda r: r % 2 == 1, steps=3, maxStaleness=0)
+    asyncio.run(asyncio.wait_for(run.controller.run(), 30))
+    assert [len(r.prompt_ids) for r in run.reports] == [3, 3, 3]
+    assert max(run.outstanding) <= 3 and max(r.staleness_max for r in run.reports) == 0
+    assert run.controller.counts.filtered_groups >= 6
+
+
+def test_a_step_that_finds_nothing_to_learn_fails_naming_the_field_and_keeps_a_checkpoint() -> None:
+    # The first six prompts can be learned from (two steps of three); every prompt after them cannot.
+    run = dynamic_run(lambda r: r >= 6, steps=10, dynamicSampling={"maxExtraGroups": 5})
+    with pytest.raises(NothingToLearn) as failure:
+        asyncio.run(asyncio.wait_for(run.controller.run(), 30))
+    message = str(failure.value)
+    found = re.match(r"spec\.algorithm\.dynamicSampling\.maxExtraGroups: step 3 dropped (\d+) prompt groups", message)
+    assert found and int(found[1]) > 5, message
+    assert "(all 1), more than maxExtraGroups 5" in message and "nothing left to teach this policy" in message
+    assert len(run.reports) == 2
+    assert run.controller.last_checkpoint == "ckpt-2", "the two steps learned are kept"
+
+
+def test_the_run_metrics_count_filtered_groups_and_show_the_truncated_share() -> None:
+    metrics = RunMetrics("job")
+    report = StepReport(
+        step=1,
+        version=1,
+        reward_mean=0.5,
+        reward_std=0.5,
+        staleness_mean=0.0,
+        staleness_max=0,
+        samples=8,
+        prompt_ids=["e0-1"],
+        train_metrics={},
+        step_seconds=0.1,
+        wait_seconds=0.0,
+        elapsed_seconds=1.0,
+        counts=Counts(filtered=24, filtered_groups=3, masked_truncated=2),
+        truncated_fraction=0.25,
+    )
+    metrics.update(report)
+    value = metrics.registry.get_sample_value
+    assert value("rljob_filtered_groups_total", {"job_name": "job"}) == 3
+    assert value("rljob_samples_total", {"job_name": "job", "outcome": "filtered"}) == 24
+    assert value("rljob_samples_total", {"job_name": "job", "outcome": "masked_truncated"}) == 2
+    assert value("rljob_truncated_fraction", {"job_name": "job"}) == 0.25
+
+
+def test_the_ledger_counts_filtered_prompts_and_finds_one_used_twice(tmp_path: Path) -> None:
+    counts = {"generated": 24, "scored": 24, "trained": 8, "discarded_stale": 0, "excluded_reward_error": 0}
+    rows: list[dict[str, Any]] = [
+        {"prompt_ids": ["a"], "filtered_prompt_ids": ["x", "y"], "counts": dict(counts, filtered=16)},
+        {"prompt_ids": ["b"], "filtered_prompt_ids": [], "counts": dict(counts, generated=32, scored=32, trained=16)},
+    ]
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    books = read_ledger(metrics, 2, 1)
+    assert books.clean and books.filtered == 2
+    # x filtered again and trained too; the filtered samples counted beyond what was scored
+    rows[1].update(prompt_ids=["x"], filtered_prompt_ids=["x"])
+    rows[1]["counts"]["filtered"] = 24
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    books = read_ledger(metrics, 2, 1)
+    assert (books.filtered_twice, books.scored_twice, books.clean) == (2, 8, False)
