@@ -11,6 +11,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +19,12 @@ import pytest
 import yaml
 from test_controller_dispatch import FakeRollout, FakeTrainer, Log
 
+from rljob.v1 import control_service_pb2 as control_pb
 from rljob.v1 import sample_pb2
 from rljob_api import parse_rljob
 from rljob_api.workercfg import derive_worker_configs
+from rljob_operator.observe import Observed
+from rljob_operator.status import compute_status
 from rljob_workers.driver.controller.data import PromptSource
 from rljob_workers.driver.controller.loop import Controller
 from rljob_workers.driver.controller.report import Counts, NothingToLearn, StepReport
@@ -28,6 +32,8 @@ from rljob_workers.driver.ledger import read_ledger
 from rljob_workers.driver.metrics import RunMetrics
 
 from conftest import REPO
+
+NOW = datetime(2026, 1, 2, tzinfo=timezone.utc)
 
 
 @dataclass
@@ -181,3 +187,14 @@ def test_the_ledger_counts_filtered_prompts_and_finds_one_used_twice(tmp_path: P
     metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
     books = read_ledger(metrics, 2, 1)
     assert (books.filtered_twice, books.scored_twice, books.clean) == (2, 8, False)
+
+
+def test_the_rljob_status_shows_the_groups_filtered_when_dynamic_sampling_is_on(example_doc: dict) -> None:
+    snapshot = control_pb.JobStatus(
+        phase=control_pb.RUN_PHASE_RUNNING, step=3, samples=control_pb.SampleCounts(filtered_groups=7)
+    )
+    for name, shown in (("dapo", 7), ("grpo", None)):
+        example_doc["spec"]["algorithm"]["name"] = name
+        status = compute_status(parse_rljob(example_doc), Observed(ray_cluster=True), snapshot, now=NOW)
+        assert status.filtered_groups == shown
+        assert ("filteredGroups" in status.to_wire()) == (shown is not None)

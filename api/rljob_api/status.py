@@ -81,6 +81,13 @@ class RLJobStatus(Model):
     reward: RewardStats | None = Field(None, description="Reward statistics of the last batch.")
     staleness: StalenessStats | None = Field(None, description="Staleness of the last batch.")
     samples_per_second: float | None = Field(None, description="Trained samples per second.")
+    filtered_groups: int | None = Field(
+        None,
+        description=(
+            "Prompt groups dynamic sampling dropped so far (all rewards equal: nothing to learn); "
+            "set while algorithm.dynamicSampling is enabled."
+        ),
+    )
     pools: PoolsStatus | None = Field(None, description="Desired and ready replicas per pool.")
     checkpoint: str | None = Field(None, description="Newest checkpoint, kept across suspend.")
     start_time: str | None = Field(None, description="RFC 3339 time the run started.")

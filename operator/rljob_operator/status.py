@@ -205,6 +205,7 @@ def compute_status(
         reward=prev.reward,
         staleness=prev.staleness,
         samples_per_second=prev.samples_per_second,
+        filtered_groups=prev.filtered_groups,
         checkpoint=prev.checkpoint,
         start_time=prev.start_time,
         completion_time=prev.completion_time if phase in TERMINAL else None,
@@ -215,6 +216,8 @@ def compute_status(
         status.step = snapshot.step
         status.policy_version = snapshot.policy_version
         status.samples_per_second = snapshot.samples_per_second
+        if job.spec.algorithm.effective("dynamicSampling.enabled"):
+            status.filtered_groups = snapshot.samples.filtered_groups
         if snapshot.step > 0:
             status.reward = RewardStats(mean=snapshot.reward_mean, std=snapshot.reward_std)
             status.staleness = StalenessStats(mean=snapshot.staleness_mean, max=snapshot.staleness_max)
