@@ -21,11 +21,14 @@ from test_controller_dispatch import FakeRollout, FakeTrainer, Log
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob.v1 import sample_pb2
-from rljob_api import parse_rljob
+from rljob_api import AlgorithmSpec, parse_rljob, resolve_algorithm
+from rljob_api.algorithm import Algorithm
 from rljob_api.workercfg import derive_worker_configs
 from rljob_operator.observe import Observed
 from rljob_operator.status import compute_status
-from rljob_workers.driver.controller.data import PromptSource
+from rljob_workers.driver.controller.batch import informative, train_batch
+from rljob_workers.driver.controller.data import Prompt, PromptSource
+from rljob_workers.driver.controller.groups import Group, Sample
 from rljob_workers.driver.controller.loop import Controller
 from rljob_workers.driver.controller.report import Counts, NothingToLearn, StepReport
 from rljob_workers.driver.ledger import read_ledger
@@ -198,3 +201,43 @@ def test_the_rljob_status_shows_the_groups_filtered_when_dynamic_sampling_is_on(
         status = compute_status(parse_rljob(example_doc), Observed(ray_cluster=True), snapshot, now=NOW)
         assert status.filtered_groups == shown
         assert ("filteredGroups" in status.to_wire()) == (shown is not None)
+
+
+# --- the step's batch: overlong shaping, truncated samples, which groups have something to learn -------
+
+
+def group_of(rewards: list[float], lengths: list[int], truncated: list[bool]) -> Group:
+    group = Group(Prompt("e0-1", "1+1=", {}), n=len(rewards))
+    for index, (reward, length, cut) in enumerate(zip(rewards, lengths, truncated, strict=True)):
+        sample = Sample(f"e0-1/{index}", "e0-1", index, [1], [5] * length, [-0.1] * length, 0, "", truncated=cut)
+        group.add(sample)
+        group.set_reward(index, reward, {})
+    return group
+
+
+def dapo(max_new_tokens: int = 6, **overlong: Any) -> Algorithm:
+    spec = AlgorithmSpec.model_validate({"name": "dapo", "overlong": {"bufferTokens": 2, **overlong}})
+    return resolve_algorithm(spec, max_new_tokens)
+
+
+def test_overlong_shaping_then_group_advantages_and_truncated_samples_left_out() -> None:
+    # maxNewTokens 6, bufferTokens 2, penalty 1: lengths 2, 5, 6, 6 lose 0, 0.5, 1, 1 (DAPO's eq. 13).
+    # Shaped rewards 1, 0.5, -1, 0: mean 0.125, population std sqrt(2.1875 / 4) = 0.7395100.
+    group = group_of([1.0, 1.0, 0.0, 1.0], [2, 5, 6, 6], [False, False, True, False])
+    batch = train_batch([group], version=0, algorithm=dapo(maskTruncated=True), max_new_tokens=6)
+    std = (2.1875 / 4) ** 0.5 + 1e-6  # GRPO's (r - mean) / (std + eps)
+    # The truncated sample (index 2) counts in the group's mean and std, but is not trained.
+    assert [s.advantage for s in batch.samples] == pytest.approx([0.875 / std, 0.375 / std, -0.125 / std])
+    assert (batch.truncated, batch.masked, len(batch.lags)) == (1, 1, 3)
+    assert batch.rewards == [1.0, 1.0, 0.0, 1.0]  # the reward functions' scores, as reported
+    kept = train_batch([group], version=0, algorithm=dapo(), max_new_tokens=6)
+    assert len(kept.samples) == 4 and kept.masked == 0 and kept.truncated == 1
+
+
+def test_an_all_correct_group_with_overlong_answers_still_has_something_to_learn() -> None:
+    # Raw rewards all 1, but one answer ran into the buffer: shaped 1 and 0.5 differ, so DAPO keeps the group.
+    group = group_of([1.0, 1.0], [2, 5], [False, False])
+    assert informative(group, dapo(), 6)
+    assert not informative(group, dapo(penalty=0.0), 6)
+    assert not informative(group_of([0.0, 0.0, 0.0], [1, 2, 3], [False] * 3), dapo(), 6)
+    assert not informative(group_of([1.0], [6], [True]), dapo(penalty=0.0), 6)  # a group of one: nothing to compare
