@@ -4,14 +4,17 @@ exactly the behaviour from before presets existed, and the rules that name the f
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from rljob_api import AlgorithmSpec, RLJobInvalid, derive_worker_configs, parse_rljob, resolve_algorithm
 from rljob_api.crd import openapi_schema
 from rljob_api.presets import PRESETS, SETTINGS
 from rljob_api.reference import reference_markdown
+from rljob_workers.driver.cli import main
 
 
 def resolved(name: str, max_new_tokens: int = 100, **settings: Any) -> dict[str, Any]:
@@ -145,3 +148,16 @@ def test_the_reference_lists_every_setting_its_default_per_preset_and_its_paper(
     for paper in ("2402.03300", "2503.20783", "2503.14476", "2507.18071", "2402.14740", "2501.03262"):
         assert paper in table
     assert len(PRESETS) == 6
+
+
+def test_rljob_validate_prints_the_algorithm_the_job_will_run(
+    example_doc: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    example_doc["spec"]["algorithm"].update(name="gspo", clipHigh=0.001)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(example_doc))
+    assert main(["validate", str(job)]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.startswith('  algorithm gspo: advantageEstimator "group-relative", scaleRewardsByStd true, ')
+    assert 'ratioLevel "sequence", clipLow 0.0003, clipHigh 0.001, ' in line  # the job's own clipHigh
+    assert "lossNormTokens 5, " in line and "overlong.bufferTokens 1, " in line  # maxNewTokens 5 follows
