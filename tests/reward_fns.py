@@ -54,3 +54,11 @@ def fails_on_odd_length(prompt: str, completion: str, **_: str) -> float:
 def newer_is_better(prompt: str, completion: str, sample: object, **_: str) -> float:
     """Uses the sample itself: its policy version and token count."""
     return float(sample.policy_version) + len(sample.token_ids) / 100  # type: ignore[attr-defined]
+
+
+def exact_or_easy(prompt: str, completion: str, answer: str = "", easy: str = "0", **_: str) -> float:
+    """The arithmetic exact match, except that an easy prompt (field easy "1") earns 1 whatever the answer:
+    on data mostly of easy prompts, most groups are all-correct from the start and carry nothing to learn."""
+    from rljob_workers.tasks.arithmetic import exact_match
+
+    return 1.0 if easy == "1" else exact_match(prompt, completion, answer)

@@ -12,10 +12,10 @@ import yaml
 from rljob_api import parse_rljob
 from rljob_workers.driver.local_run import LocalRun
 from rljob_workers.driver.setup import prepare
-from rljob_workers.models.tiny import make_tiny_model
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
 from conftest import REPO
+from tiny_models import example_model
 
 pytestmark = pytest.mark.ray
 
@@ -24,7 +24,7 @@ def test_example_reward_rises(tmp_path_factory: pytest.TempPathFactory) -> None:
     root = tmp_path_factory.mktemp("learn")
     doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
     spec = doc["spec"]
-    spec["model"]["path"] = str(make_tiny_model(root / "model"))
+    spec["model"]["path"] = str(example_model(tmp_path_factory))
     spec["data"]["path"] = str(write_jsonl(root / "train.jsonl", make_problems(2048, seed=10_000)))
     spec["checkpoint"]["dir"] = str(root / "ckpt")
     job = parse_rljob(doc)
