@@ -13,8 +13,10 @@ import yaml
 from rljob_api import AlgorithmSpec, RLJobInvalid, derive_worker_configs, parse_rljob, resolve_algorithm
 from rljob_api.crd import openapi_schema
 from rljob_api.presets import PRESETS, SETTINGS
-from rljob_api.reference import reference_markdown
+from rljob_api.reference import presets_markdown, reference_markdown
 from rljob_workers.driver.cli import main
+
+from conftest import REPO
 
 
 def resolved(name: str, max_new_tokens: int = 100, **settings: Any) -> dict[str, Any]:
@@ -161,3 +163,8 @@ def test_rljob_validate_prints_the_algorithm_the_job_will_run(
     assert line.startswith('  algorithm gspo: advantageEstimator "group-relative", scaleRewardsByStd true, ')
     assert 'ratioLevel "sequence", clipLow 0.0003, clipHigh 0.001, ' in line  # the job's own clipHigh
     assert "lossNormTokens 5, " in line and "overlong.bufferTokens 1, " in line  # maxNewTokens 5 follows
+
+
+def test_the_readme_quotes_the_references_preset_table() -> None:
+    table = "\n".join(line for line in presets_markdown() if line.startswith("|"))
+    assert table in (REPO / "README.md").read_text(), "README's algorithm table differs from docs/reference.md's"
