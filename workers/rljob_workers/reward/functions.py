@@ -222,6 +222,7 @@ class RewardFunctionSet:
         Models and remote channels are released by `aclose`; a replica with them should await that instead.
         """
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self.metrics.close()
 
     async def aclose(self) -> None:
         """Close every kind's scorer (models, engines, channels), then the thread pool."""

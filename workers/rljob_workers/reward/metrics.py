@@ -19,6 +19,7 @@ import math
 import threading
 from collections import deque
 from collections.abc import Iterator
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -45,6 +46,8 @@ class RewardMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._server: WSGIServer | None = None  # serving /metrics, once `serve` is called
+        self._thread: threading.Thread | None = None
         r = self.registry
         self.backlog = Gauge("rljob_reward_backlog", "Samples accepted and not yet answered", registry=r)
         self.latency = Histogram(
@@ -90,9 +93,18 @@ class RewardMetrics:
         return {kind: {f"p{round(q * 100)}": quantile(v, q) for q in QUANTILES} for kind, v in recent.items()}
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
-        """Serve /metrics over HTTP; port 0 picks a free one. Returns the port."""
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
-        return int(server.server_address[1])
+        """Serve /metrics over HTTP until `close`; port 0 picks a free one. Returns the port."""
+        self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        return int(self._server.server_address[1])
+
+    def close(self) -> None:
+        """Stop serving /metrics (with the replica), so neither its thread nor its port outlives it."""
+        server, self._server = self._server, None
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+            if self._thread is not None:
+                self._thread.join(5)
 
 
 class _RecentQuantiles(Collector):
