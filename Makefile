@@ -1,6 +1,8 @@
 # Two commands a newcomer needs, each doing all its own set-up on a fresh clone:
 #   make run   - install, make the tiny local model, train it with `rljob run` on the shipped example
 #   make test  - install, lint, type-check and run every test
+# and one for the inner loop:
+#   make test-quick - unit and contract tests only: no Ray, no cluster, no real node (a few minutes)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -8,8 +10,15 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum |
 EXAMPLE ?= examples/arithmetic.yaml
 MODEL_DIR ?= .cache/models/tiny-arith
 DATA_FILE ?= .cache/data/arithmetic-train.jsonl
+# Each phase says how long it took (and, under .ci/run, adds a row to its table of phases).
+PHASE := bash .ci/phase
+# The tests that can share the machine run on WORKERS processes (pytest-xdist, a file per worker at a
+# time); those marked `serial` run after them, alone. JUnit files of both, for .ci/slowest.py.
+WORKERS ?= 2
+RESULTS := .cache/test-results
+QUICK := not (ray or cluster or node or slow)
 
-.PHONY: setup run test lint typecheck generate model clean e2e-real
+.PHONY: setup run test test-quick lint typecheck generate model clean e2e-real
 
 setup: $(STAMP)
 
@@ -27,14 +36,22 @@ run: model
 	$(BIN)/rljob run $(EXAMPLE)
 
 lint: setup
-	$(BIN)/ruff check .
-	$(BIN)/ruff format --check .
+	$(PHASE) lint sh -c '$(BIN)/ruff check . && $(BIN)/ruff format --check .'
 
 typecheck: setup
-	$(BIN)/mypy api operator workers tests benchmarks
+	$(PHASE) type-check $(BIN)/mypy api operator workers tests benchmarks
 
+# Both pytest runs go to the end; the slowest tests and modules of both are printed after them.
 test: lint typecheck
-	$(BIN)/pytest
+	@rm -rf $(RESULTS); status=0; \
+	$(PHASE) "tests, parallel ($(WORKERS) workers)" $(BIN)/pytest -n $(WORKERS) --dist loadfile -m "not serial" \
+		--junitxml=$(RESULTS)/parallel.xml || status=1; \
+	$(PHASE) "tests, serial" $(BIN)/pytest -m serial --junitxml=$(RESULTS)/serial.xml || status=1; \
+	$(BIN)/python .ci/slowest.py $(RESULTS)/parallel.xml $(RESULTS)/serial.xml; \
+	exit $$status
+
+test-quick: setup
+	$(PHASE) "tests, quick" $(BIN)/pytest -n $(WORKERS) -m "$(QUICK)" -q
 
 # `kubectl apply` of examples/arithmetic-cluster.yaml on the e2e cluster's real node, to Succeeded
 # (root; builds the control plane, the node's packages and the images first, each cached).

@@ -23,6 +23,9 @@ use_grpc_process_env()
 for _name, _value in RAY_LOCAL_NODE_ENV.items():
     os.environ.setdefault(_name, _value)
 
+# tests/leftovers.py: the session fails, naming it, when a test leaves something running.
+pytest_plugins = ("leftovers",)
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 
@@ -48,6 +51,40 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     char_llama(root / "model", eos_bias=3.0)
     write_jsonl(root / "train.jsonl", make_problems(64, seed=1))
     return root
+
+
+def kill_process_tree(pid: int) -> None:
+    """SIGKILL a process and every process under it, and reap them. The tree is read before the kill: a
+    driver killed alone leaves the Ray daemons and actors it started running on (Ray's agents for about a
+    minute), no longer its children and so out of reach."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        tree = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for process in tree:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            continue
+    psutil.wait_procs(tree, timeout=30)
+
+
+@pytest.fixture(scope="session")
+def example_model() -> Path:
+    """The shipped example's tiny model, where `make model` builds it (.cache/models/tiny-arith): built once
+    for every session and pytest-xdist worker that asks (a build is about 45 s of CPU), under a file lock,
+    and found there at once after (`make_tiny_model` checks the folder's marker against its recipe)."""
+    from filelock import FileLock
+
+    from rljob_workers.models.tiny import make_tiny_model
+
+    folder = REPO / ".cache" / "models" / "tiny-arith"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{folder}.lock"):
+        return make_tiny_model(folder)
 
 
 @pytest.fixture

@@ -1,10 +1,12 @@
 """Each algorithm preset learns the shipped example, and DAPO's dynamic sampling works end to end: `rljob run`
 of examples/arithmetic.yaml in a subprocess, read back from the metrics.jsonl it writes.
 
-The tiny model is made once per session (about 50 s of CPU; test_learning.py shares it). A run stops itself as soon
-as its last five steps' mean reward reaches 0.8 (SIGINT: a graceful stop, as `benchmarks/algorithms` does);
-each preset's step budget is the most steps it may take, set about 1.5 times the slowest of 3 seeds in that
-benchmark. The module takes 3 to 4 minutes on 2 cores, the model's build included.
+The tiny model is conftest's `example_model`, made once for all the tests that train it (about 50 s of CPU).
+A run stops itself as soon as its last five steps' mean reward reaches 0.8 (SIGINT: a graceful stop, as
+`benchmarks/algorithms` does); each preset's step budget is the most steps it may take, set about 1.5 times
+the slowest of 3 seeds in that benchmark. The module takes 3 to 4 minutes on 2 cores, the model's build
+included. The grpo run is also the shipped example's learning test: it starts weak, learns, and leaves a
+checkpoint.
 """
 
 from __future__ import annotations
@@ -24,8 +26,7 @@ import yaml
 from rljob_workers.driver.ledger import read_ledger
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
-from conftest import REPO
-from tiny_models import example_model
+from conftest import REPO, kill_process_tree
 
 pytestmark = pytest.mark.ray
 
@@ -45,11 +46,11 @@ BUDGETS: dict[str, tuple[int, dict[str, Any]]] = {
 
 
 @pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def example(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> dict[str, Path]:
     """The example's model and prompts, as `make model` makes them."""
     root = tmp_path_factory.mktemp("example")
     return {
-        "model": example_model(tmp_path_factory),  # shared with test_learning.py
+        "model": example_model,
         "data": write_jsonl(root / "train.jsonl", make_problems(2048, seed=10_000)),
     }
 
@@ -82,7 +83,7 @@ def run_example(work: Path, example: dict[str, Path], algorithm: dict[str, Any],
                 stopped = True
             time.sleep(0.1)
         if run.poll() is None:
-            run.kill()
+            kill_process_tree(run.pid)
         run.wait()
     return run.returncode, log.read_text(), records_of(metrics)
 
@@ -106,6 +107,9 @@ def test_each_preset_learns_the_example(preset: str, example: dict[str, Path], t
     # run to run, so the first two steps' mean is held to 0.2 (one step alone would cross it about 1 run in 80).
     assert statistics.fmean(rewards[:2]) <= 0.2, rewards[:2]
     assert reached(records), f"{preset}: last {WINDOW} steps' mean {statistics.fmean(rewards[-WINDOW:]):.2f}"
+    # Stopped by SIGINT once it learned: the stop left a complete checkpoint, which `latest` names.
+    checkpoints = tmp_path / "checkpoints"
+    assert (checkpoints / (checkpoints / "latest").read_text().strip() / "state.json").is_file()
 
 
 def test_dynamic_sampling_drops_the_groups_with_nothing_to_learn(example: dict[str, Path], tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from rljob.v1 import control_service_pb2, reward_service_pb2, rollout_service_pb2, weight_service_pb2
 
-from conftest import REPO
+from conftest import REPO, kill_process_tree
 
 pytestmark = pytest.mark.ray
 
@@ -148,7 +148,7 @@ def running(assets: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
             try:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_process_tree(proc.pid)
                 proc.wait()
 
 

@@ -31,7 +31,7 @@ from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api.workercfg import TERMINATION_LOG_ENV, TOKEN_FILE_ENV, Ports, pool_resource
 from rljob_workers.common.auth import JobToken
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.serial]
 
 BIN = Path(sys.executable).parent
 NETNS = f"rljob-drv{os.getpid()}"

@@ -8,6 +8,8 @@ import pytest
 
 from conftest import REPO, load_script
 
+pytestmark = [pytest.mark.slow]
+
 
 @pytest.mark.parametrize("per_message", [1, 0], ids=["one-per-message", "batched"])
 def test_capacity_counts_every_sample_the_controller_moved(per_message: int) -> None:

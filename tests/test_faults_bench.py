@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 
 from rljob_workers.driver.ledger import read_ledger
-from rljob_workers.models.tiny import make_tiny_model
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
 from conftest import REPO, load_script
@@ -27,8 +26,10 @@ def _bench() -> ModuleType:
     return load_script(REPO / "benchmarks" / "faults" / "run.py", "bench_faults")
 
 
-def test_three_kills_at_random_steps_are_survived(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    model = make_tiny_model(tmp_path / "model")
+def test_three_kills_at_random_steps_are_survived(
+    tmp_path: Path, example_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = example_model
     data = write_jsonl(tmp_path / "train.jsonl", make_problems(1024, seed=10_000))
     pick = random.Random()
     seed = pick.randrange(1 << 30)

@@ -16,6 +16,9 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc  # the subprocess test imports this module only after the command's set-up
+import pytest
+
+pytestmark = [pytest.mark.slow]
 
 FORKS = 500  # 1-5% of forks died before the fix: none of 500 dying by chance is under 1e-4
 

@@ -4,7 +4,11 @@ printed, not asserted: on a shared 2-core machine it moves with the load (see th
 
 from __future__ import annotations
 
+import pytest
+
 from conftest import REPO, load_script
+
+pytestmark = [pytest.mark.serial, pytest.mark.slow]
 
 
 def test_engine_logprobs_hold_about_what_plain_generate_holds(capsys):

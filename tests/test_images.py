@@ -24,7 +24,7 @@ from conftest import REPO
 
 IMAGES = REPO / "e2e" / "images.sh"
 HEAVY = ("torch", "ray", "transformers")
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.node, pytest.mark.serial, pytest.mark.slow]
 # command -> the Debian package that has it
 TOOLS = {
     "buildah": "buildah",

@@ -1,6 +1,6 @@
 """Whole runs on a real local Ray cluster: faults, reward-error policies, staleness bounds, resume.
 
-These use a random tiny model (the plumbing, not learning); tests/test_learning.py trains the
+These use a random tiny model (the plumbing, not learning); tests/test_algorithm_runs.py trains the
 shipped example's model.
 """
 
@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +24,7 @@ from rljob_workers.driver.controller.report import StepReport
 from rljob_workers.driver.local_run import LocalRun
 from rljob_workers.driver.setup import prepare
 
-from conftest import REPO
+from conftest import REPO, kill_process_tree
 
 pytestmark = pytest.mark.ray
 
@@ -168,7 +166,10 @@ def test_killed_run_resumes_at_its_checkpoint(assets, tmp_path):
     deadline = time.monotonic() + 180
     while len(_steps(out / "metrics.jsonl")) < 5 and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray cluster it started
+    assert proc.poll() is None, (
+        f"the run ended (rc {proc.returncode}) before it was killed:\n{proc.communicate()[1].decode()}"
+    )
+    kill_process_tree(proc.pid)  # the driver and the Ray cluster it started
     proc.wait()
     first = _steps(out / "metrics.jsonl")
     assert 5 <= len(first) < 8, "the run should have been killed between checkpoints"

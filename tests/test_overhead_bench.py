@@ -11,12 +11,11 @@ from types import ModuleType
 import pytest
 import yaml
 
-from rljob_workers.models.tiny import make_tiny_model
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
 from conftest import REPO, load_script
 
-pytestmark = [pytest.mark.ray, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.serial, pytest.mark.ray, pytest.mark.timeout(600)]
 STEPS = 4
 
 
@@ -25,10 +24,10 @@ def _bench() -> ModuleType:
 
 
 def test_both_runs_train_every_step_and_the_table_compares_them(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, example_model: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
-    doc["spec"]["model"]["path"] = str(make_tiny_model(tmp_path / "model"))
+    doc["spec"]["model"]["path"] = str(example_model)
     doc["spec"]["data"]["path"] = str(write_jsonl(tmp_path / "train.jsonl", make_problems(256, seed=3)))
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(doc))

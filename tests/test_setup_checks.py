@@ -30,6 +30,8 @@ from tiny_models import char_llama
 RLJOB = str(Path(sys.executable).parent / "rljob")
 FAST_SECONDS = 5.0  # every check here is cheap (the model load, the slowest, comes last); the time is printed
 RAY_AND_CHECK_SECONDS = 20.0  # a model load that fails beside Ray's start or in a pool, and Ray's stop (5-7 s here)
+# The bars above are for a machine not shared with another test: these run with the serial tests.
+pytestmark = pytest.mark.serial
 
 
 @pytest.fixture(scope="module")
@@ -192,6 +194,7 @@ def _processes_with(marker: str) -> list[str]:
     return found
 
 
+@pytest.mark.ray
 @pytest.mark.parametrize("tokenizer_json", [True, False], ids=["read-without-torch", "transformers-reads-it"])
 def test_a_model_folder_that_does_not_load_is_one_line_and_stops_ray(assets, tmp_path, tokenizer_json):
     """The model folders load in a thread while Ray starts (see driver/local.py): their error is still
@@ -208,6 +211,7 @@ def test_a_model_folder_that_does_not_load_is_one_line_and_stops_ray(assets, tmp
     assert ("ValueError: config.json: Expecting property name" in stderr) == tokenizer_json, stderr
 
 
+@pytest.mark.ray
 def test_a_model_type_transformers_does_not_know_is_one_line_from_the_pool(assets, tmp_path):
     """The driver reads the folder's files without transformers (it would import torch); a model type
     only transformers can refuse is refused by the pools loading it, still one line naming the field."""

@@ -25,7 +25,7 @@ import yaml
 
 from conftest import REPO
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.serial]
 
 RLJOB = str(Path(sys.executable).parent / "rljob")
 SAMPLES_PER_STEP = 4 * 4  # promptsPerStep x groupSize below

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import ray
 import yaml
@@ -69,15 +70,15 @@ def test_past_max_restarts_the_run_fails_naming_the_replica(assets, tmp_path):
     assert "spec.reward.maxRestarts 0" in run.view.message
 
 
-def _trainer_pids() -> list[int]:
+def _trainer_pids(run: subprocess.Popen[str]) -> list[int]:
+    """The trainer actors of this run: its own Ray's, not another run's on the same machine."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "cmdline").read_bytes().startswith(b"ray::TrainerActor"):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
+    for child in psutil.Process(run.pid).children(recursive=True):
+        try:
+            if child.cmdline()[0].startswith("ray::TrainerActor"):  # Ray's title of the actor's process
+                pids.append(child.pid)
+        except (psutil.Error, IndexError):
+            continue
     return pids
 
 
@@ -93,7 +94,7 @@ def test_a_killed_trainer_restarts_from_the_last_checkpoint(assets, tmp_path):
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
         assert run.poll() is None and time.monotonic() < deadline, run.communicate()[1][-3000:]
         time.sleep(0.1)
-    [pid] = _trainer_pids()
+    [pid] = _trainer_pids(run)
     os.kill(pid, signal.SIGKILL)
     _, stderr = run.communicate(timeout=RUN_SECONDS)
     assert run.returncode == 0, stderr[-3000:]

@@ -14,11 +14,14 @@ from rljob_workers.tasks import arithmetic
 from rljob_workers.trainer.grpo import grpo_loss, token_logprobs
 from rljob_workers.trainer.samples import group_advantages
 
+pytestmark = [pytest.mark.slow]
+
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The default build (about 40 s on one core), shared by this module's tests."""
-    return tiny.make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", seed=0)
+def model_dir(example_model: Path) -> Path:
+    """The default build (about 40 s on one core): the shipped example's model, shared with every test that
+    trains it."""
+    return example_model
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
@@ -86,12 +85,3 @@ def tiny_rm(path: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     LlamaForSequenceClassification(config).eval().save_pretrained(path)
     return path
-
-
-def example_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The shipped example's trained tiny model (`make model`'s), built once per test session: every module
-    asking for it shares one folder of the session's temporary root, where `make_tiny_model` finds its own
-    marker and returns at once (a build is about 50 s of CPU)."""
-    from rljob_workers.models.tiny import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.getbasetemp() / "example-tiny-arith")

@@ -14,6 +14,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -139,8 +140,10 @@ def install_operator(cluster: Cluster, image: str, namespace: str = "rljob-syste
     return time.monotonic() - t0
 
 
-def make_assets(folder: Path) -> None:
-    """The example's model and data, made by the user's own command, world-readable."""
+def make_assets(folder: Path, built: Path) -> None:
+    """The example's model and data, made by the user's own command, world-readable. `built` is the model as
+    that command builds it (conftest's `example_model`): copied first, the command finds it made already."""
+    shutil.copytree(built, folder / "models" / "tiny-arith")
     subprocess.run(
         [str(Path(sys.executable).parent / "rljob"), "make-model", "--task", "arithmetic",
          "--out", str(folder / "models" / "tiny-arith"), "--data", str(folder / "data" / "arithmetic-train.jsonl")],

@@ -28,11 +28,11 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from e2e_cluster import Cluster, missing_binaries, real_node_missing, wait_for
+from e2e_cluster import Cluster, wait_for
 from e2e_elastic import (
     PoolRun,
     PoolWatch,
@@ -50,10 +50,6 @@ from e2e_real import (
     cluster_job,
     diagnose,
     host_volume,
-    images_env,
-    images_missing,
-    import_images,
-    install_operator,
     intrude,
     local_job,
     make_assets,
@@ -61,14 +57,19 @@ from e2e_real import (
     raylet_store_connect,
     seconds_per_step,
     wait_gone,
-    worker_env_policy,
 )
 
 from rljob_workers.driver.ledger import read_ledger
 
-_MISSING = missing_binaries() + real_node_missing() + images_missing()
+if TYPE_CHECKING:  # pytest loads it, as a plugin, below
+    from real_node_fixtures import RealCluster, RealOperator
+
+pytest_plugins = ["real_node_fixtures"]
 pytestmark = [
-    pytest.mark.skipif(bool(_MISSING), reason=f"cannot run pods here: missing {'; '.join(_MISSING)}"),
+    pytest.mark.cluster,
+    pytest.mark.node,
+    pytest.mark.serial,
+    pytest.mark.ray,
     pytest.mark.timeout(1800),
 ]
 
@@ -80,10 +81,10 @@ TIMEOUT = 900  # apply -> Succeeded; about 3 minutes on an idle 2-core machine
 class Setup:
     """The cluster with the operator in a pod, and the folders behind the job's volumes."""
 
-    def __init__(self, cluster: Cluster, root: Path, images: dict[str, str]) -> None:
-        self.cluster, self.root, self.images = cluster, root, images
+    def __init__(self, real: RealCluster, operator: RealOperator, root: Path) -> None:
+        self.cluster, self.root, self.images = real.cluster, root, operator.images
         self.assets, self.runs = root / "assets", root / "runs"
-        self.times: dict[str, float] = {}
+        self.times = real.times
         self.prometheus: Prometheus | None = None
         self.windows: list[Window] = []  # each RLJob run, for the dashboard test
 
@@ -92,36 +93,36 @@ class Setup:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
+def setup(
+    real_cluster: RealCluster,
+    real_operator: RealOperator,
+    tmp_path_factory: pytest.TempPathFactory,
+    example_model: Path,
+) -> Iterator[Setup]:
     root = tmp_path_factory.mktemp("e2e-real")
     root.chmod(0o755)  # the pods' user reads the volumes below it
-    cluster = Cluster(root / "state")
-    images = images_env()
-    s = Setup(cluster, root, images)
+    s = Setup(real_cluster, real_operator, root)
+    cluster = s.cluster
     try:
         t0 = time.monotonic()
-        cluster.start(kuberay=True)
-        s.times["control plane + KubeRay"] = time.monotonic() - t0
-        s.times["real node"] = cluster.start_node()
-        s.times["images import"] = import_images(cluster)
-        for doc in worker_env_policy(images["RLJOB_E2E_WORKER_ENV"], images["RLJOB_E2E_WORKER_TEST_IMAGE"]):
-            cluster.apply(doc)
-        s.times["helm install (operator Ready)"] = install_operator(cluster, images["RLJOB_E2E_OPERATOR_IMAGE"])
-        monitors = service_monitors(cluster, "rljob-system")
+        monitors = service_monitors(cluster, real_operator.namespace)
         jobs = scrape_configs(monitors, cluster.env["KUBECONFIG"])
         s.prometheus = Prometheus(Path(cluster.env["RLJOB_E2E_BIN"]) / "prometheus", root / "prometheus", jobs)
-        make_assets(s.assets)
+        make_assets(s.assets, example_model)
         make_runs_folder(s.runs)
         cluster.kubectl("create", "namespace", NS)
         for name, claim, path in (("assets", "rljob-assets", s.assets), ("runs", "rljob-runs", s.runs)):
             for doc in host_volume(f"{NS}-{name}", NS, claim, path):
                 cluster.apply(doc)
-        s.times["set-up total"] = time.monotonic() - t0
+        s.times["this module's set-up"] = time.monotonic() - t0
         yield s
     finally:
         if s.prometheus is not None:
             s.prometheus.stop()
-        cluster.script("clean")
+        # the node as the shared fixtures left it, for the next module
+        cluster.kubectl("delete", "namespace", NS, "--wait=true", "--timeout=180s", "--ignore-not-found", check=False)
+        for name in ("assets", "runs"):
+            cluster.kubectl("delete", "pv", f"{NS}-{name}", "--ignore-not-found", check=False)
 
 
 def watch(

@@ -17,7 +17,7 @@ import yaml
 from e2e_cluster import REPO, Cluster, skip_without_binaries
 from e2e_jobs import ARITHMETIC, rljob
 
-pytestmark = skip_without_binaries()
+pytestmark = [skip_without_binaries(), pytest.mark.cluster]
 pytest_plugins = ["e2e_fixtures"]
 
 EXACT_MATCH = ARITHMETIC["spec"]["reward"]["functions"][0]

@@ -36,7 +36,7 @@ from e2e_gpu import (
 )
 from e2e_jobs import condition, phase_is, run_pods, status_of, status_where
 
-pytestmark = skip_without_binaries()
+pytestmark = [skip_without_binaries(), pytest.mark.cluster]
 pytest_plugins = ["e2e_fixtures"]
 NS_PREFIX = "s"
 # test_reward_node_lost_and_back has a reward pool of its own (one node), so deleting that node

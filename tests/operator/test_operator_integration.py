@@ -24,6 +24,7 @@ from typing import Any
 
 import kubernetes
 import prometheus_client
+import pytest
 from e2e_cluster import Cluster, FakeControl, OperatorProcess, skip_without_binaries, wait_for
 from e2e_jobs import (
     ARITHMETIC,
@@ -47,7 +48,7 @@ from rljob_operator.metrics import OperatorMetrics
 from rljob_operator.reconciler import Context
 from rljob_operator.rights import CLUSTER_RIGHTS, RIGHTS, verbs_by_resource
 
-pytestmark = skip_without_binaries()
+pytestmark = [skip_without_binaries(), pytest.mark.cluster]
 pytest_plugins = ["e2e_fixtures"]
 
 

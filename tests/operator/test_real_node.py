@@ -1,7 +1,7 @@
 """The e2e cluster's real node (e2e/node.sh): containers run, Services resolve and answer.
 
-One cluster for the module, with kwok as usual and one real node: containerd + runc, the CNI
-bridge, the kubelet, kube-proxy and CoreDNS. Pods use the busybox image the node made locally
+The session's cluster with the real node (real_node_fixtures.py, shared with the operator's e2e tests):
+containerd + runc, the CNI bridge, the kubelet, kube-proxy and CoreDNS. Pods use the busybox image the node made locally
 (`rljob.e2e/busybox:local`, never pulled) and tolerate the node's taint. Skips only where the
 machine cannot run containers, naming what it lacks (e2e/node.sh check).
 """
@@ -10,33 +10,31 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from e2e_cluster import Cluster, fresh_namespace, missing_binaries, real_node_missing, wait_for
+from e2e_cluster import Cluster, fresh_namespace, wait_for
 
-_MISSING = missing_binaries() + real_node_missing()
-pytestmark = pytest.mark.skipif(bool(_MISSING), reason=f"cannot run a real node here: missing {'; '.join(_MISSING)}")
+if TYPE_CHECKING:  # pytest loads it, as a plugin, below
+    from real_node_fixtures import RealCluster
 
-NODE = "rljob-e2e-node"
+pytest_plugins = ["real_node_fixtures"]
+pytestmark = [
+    pytest.mark.cluster,
+    pytest.mark.node,
+    pytest.mark.serial,
+]
+
 IMAGE = "rljob.e2e/busybox:local"
 BRIDGE = "rljob0"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("e2e-node-state"))
-    try:
-        t0 = time.monotonic()
-        c.start(kuberay=False)
-        started = time.monotonic() - t0
-        ready = c.start_node()
-        print(f"\ncontrol plane up after {started:.1f}s; real node Ready after {ready:.1f}s")
-        yield c
-    finally:
-        c.script("clean")
+def cluster(real_cluster: RealCluster) -> Cluster:
+    """The session's cluster with the real node (real_node_fixtures.py), which other modules' pods share."""
+    print(f"\nset-up of the shared real node: {real_cluster.times}")
+    return real_cluster.cluster
 
 
 def pod(name: str, command: str, labels: dict[str, str] | None = None, restart: str = "Never") -> dict[str, Any]:
@@ -148,21 +146,20 @@ def host_leftovers(cluster: Cluster) -> list[str]:
 
 
 def test_deleting_pods_leaves_nothing_behind(cluster: Cluster, request: pytest.FixtureRequest) -> None:
+    before = set(host_leftovers(cluster))  # what other modules' pods on the shared node hold (the operator's)
     with fresh_namespace(cluster, request.node.name, "node") as ns:
         serve(cluster, ns)
-        assert any(x.startswith("veth ") for x in host_leftovers(cluster)), "a running pod has a veth"
-    # every test namespace is being deleted now; wait for the node to have no pod at all
+        assert set(host_leftovers(cluster)) - before, "a running pod has a veth, a lease, a task"
+    # the test's namespace is being deleted now; wait for its pods to be gone from the node
     wait_for(
-        "no pods on the real node",
-        lambda: (
-            not cluster.kubectl("get", "pods", "-A", "--field-selector", f"spec.nodeName={NODE}", "-o", "name").stdout
-        ),
+        f"no pods of {ns} on the real node",
+        lambda: not cluster.kubectl("get", "pods", "-n", ns, "-o", "name", check=False).stdout,
         timeout=90,
     )
     deadline = time.monotonic() + 60
-    while (left := host_leftovers(cluster)) and time.monotonic() < deadline:
+    while (left := set(host_leftovers(cluster)) - before) and time.monotonic() < deadline:
         time.sleep(1)
-    assert not left, f"left on the host after the pods were deleted: {left}"
+    assert not left, f"left on the host after the pods were deleted: {sorted(left)}"
 
 
 NODE_PROCESSES = ("kube-proxy", "kubelet", "containerd", "coredns", "api-forward")
