@@ -11,7 +11,6 @@ checkpoint.
 
 from __future__ import annotations
 
-import json
 import signal
 import statistics
 import subprocess
@@ -24,6 +23,7 @@ import pytest
 import yaml
 
 from rljob_workers.driver.ledger import read_ledger
+from rljob_workers.driver.metrics import read_metrics
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
 from conftest import REPO, kill_process_tree
@@ -89,7 +89,7 @@ def run_example(work: Path, example: dict[str, Path], algorithm: dict[str, Any],
 
 
 def records_of(metrics: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+    return read_metrics(metrics)
 
 
 def reached(records: list[dict[str, Any]]) -> bool:

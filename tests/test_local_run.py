@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import json
 import re
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import yaml
 from rljob_api import parse_rljob
 from rljob_workers.driver.controller.report import StepReport
 from rljob_workers.driver.local_run import LocalRun
+from rljob_workers.driver.metrics import read_metrics
 from rljob_workers.driver.setup import prepare
 
 from conftest import REPO, kill_process_tree
@@ -150,9 +150,7 @@ def test_frozen_layers_stay_out_of_the_sync_and_the_replica_still_samples_the_tr
 
 
 def _steps(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_metrics(path)
 
 
 def test_killed_run_resumes_at_its_checkpoint(assets, tmp_path):

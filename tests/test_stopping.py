@@ -23,6 +23,8 @@ import psutil
 import pytest
 import yaml
 
+from rljob_workers.driver.metrics import read_metrics
+
 from conftest import REPO
 
 pytestmark = [pytest.mark.ray, pytest.mark.serial]
@@ -51,7 +53,7 @@ def _start(job_file: Path, out: Path, *extra: str) -> subprocess.Popen[str]:
 
 def _lines(out: Path) -> list[dict[str, Any]]:
     path = out / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return read_metrics(path)
 
 
 def _wait_for_steps(run: subprocess.Popen[str], out: Path, steps: int, seconds: float = 180) -> None:

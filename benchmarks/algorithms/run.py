@@ -15,7 +15,6 @@ the seeds (min-max beside), its reward at step 1, and how many seeds got there w
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import statistics
@@ -27,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from rljob_workers.driver.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL, DATA = REPO / ".cache" / "models" / "tiny-arith", REPO / ".cache" / "data" / "arithmetic-train.jsonl"
@@ -75,9 +76,7 @@ def job_file(work: Path, preset: str, seed: int, steps: int, model: Path, data: 
 
 
 def read_records(metrics: Path) -> list[dict]:
-    if not metrics.exists():
-        return []
-    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return read_metrics(metrics)
 
 
 def run_one(preset: str, seed: int, steps: int, model: Path, data: Path) -> Outcome:

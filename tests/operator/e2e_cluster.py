@@ -182,7 +182,8 @@ class Cluster:
         path = self.state / "audit.log"
         if not path.exists():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        *complete, _ = path.read_text().split("\n")  # the API server may be writing the last line
+        return [json.loads(line) for line in complete if line.strip()]
 
     def kubelet(self, namespace: str, selector: str, phase: str) -> int:
         """Report the selected pods as a kubelet would: Running and Ready, or Succeeded/Failed."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,11 @@ class RunMetrics:
         )  # fmt: skip
         self.idle = gauge("rljob_pool_idle_fraction", "Fraction of the last minute a pool was idle", "pool")
         self.truncated = gauge("rljob_truncated_fraction", "Share of the last step's samples cut at maxNewTokens")
+        self.mismatch = gauge(
+            "rljob_logprob_mismatch",
+            "|rollout engine log-prob - trainer log-prob| of the last step's tokens the trained weights generated",
+            "stat",
+        )
         self.filtered_groups = Counter(
             "rljob_filtered_groups",
             "Prompt groups dynamic sampling dropped (all rewards equal)",
@@ -99,6 +105,9 @@ class RunMetrics:
         self.group_latency.labels(**self.labels).set(report.group_latency_max)
         self.sync_seconds.labels(**self.labels).set(report.sync_seconds)
         self.truncated.labels(**self.labels).set(report.truncated_fraction)
+        for stat, value in (("mean", report.logprob_mismatch_mean), ("max", report.logprob_mismatch_max)):
+            if value is not None:
+                self.mismatch.labels(**self.labels, stat=stat).set(value)
         if report.counts.filtered_groups > self._seen.filtered_groups:
             self.filtered_groups.labels(**self.labels).inc(report.counts.filtered_groups - self._seen.filtered_groups)
         for outcome in COUNT_HELP:
@@ -123,9 +132,22 @@ class JsonlWriter:
         self.path = path
 
     def write(self, report: StepReport, **extra: Any) -> None:
-        """The step's line: the report's fields, then `extra`'s."""
-        with self.path.open("a") as handle:
-            handle.write(json.dumps({**report_record(report), **extra}) + "\n")
+        """The step's line: the report's fields, then `extra`'s, in one write (a buffered file wrote a line
+        longer than its buffer in pieces, and a reader following the run saw half of it)."""
+        line = (json.dumps({**report_record(report), **extra}) + "\n").encode()
+        descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(descriptor, line)
+        finally:
+            os.close(descriptor)
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The steps of a metrics.jsonl, perhaps still being written: its complete lines only."""
+    if not path.exists():
+        return []
+    *complete, _ = path.read_text().split("\n")
+    return [json.loads(line) for line in complete if line.strip()]
 
 
 def plot_rewards(jsonl: Path, png: Path, title: str = "") -> Path:
