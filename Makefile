@@ -18,14 +18,16 @@ WORKERS ?= 2
 RESULTS := .cache/test-results
 QUICK := not (ray or cluster or node or slow)
 
-.PHONY: setup run test test-quick lint typecheck generate model clean e2e-real
+.PHONY: setup run run-vllm vllm-env test test-quick lint typecheck generate model clean e2e-real
 
 setup: $(STAMP)
 
+# uv installs the pins (pip took three minutes to lay out torch's and CUDA's wheels, uv links them from its
+# cache); envs/vllm.sh builds the vLLM environment with it too.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/python -m pip install -q -c constraints.txt uv
+	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -34,6 +36,14 @@ model: setup
 
 run: model
 	$(BIN)/rljob run $(EXAMPLE)
+
+# The same example with vLLM's CPU build as the rollout engine, in vLLM's own environment (envs/vllm.sh:
+# built once per content hash of its pins, about 6 GB).
+vllm-env: setup
+	bash envs/vllm.sh
+
+run-vllm: model vllm-env
+	$(BIN)/rljob run examples/arithmetic-vllm.yaml --rollout-python "$$(bash envs/vllm.sh path)"
 
 lint: setup
 	$(PHASE) lint sh -c '$(BIN)/ruff check . && $(BIN)/ruff format --check .'

@@ -80,14 +80,50 @@ BAD_SPECS: list[tuple[str, Mutation, str]] = [
         "spec.rollout.engine: 'tgi' is not one of 'hf', 'vllm' or 'sglang'",
     ),
     (
-        "tp does not divide gpus",
-        lambda d: d["spec"]["rollout"].update(gpusPerReplica=3, tensorParallelSize=2, engine="vllm"),
-        "spec.rollout.tensorParallelSize: 2 does not divide gpusPerReplica 3",
+        "gpus the engines leave idle",
+        lambda d: d["spec"]["rollout"].update(gpusPerReplica=8, tensorParallelSize=2, engine="vllm"),
+        "spec.rollout.gpusPerReplica: 8 GPUs for engines that use 2 (tensorParallelSize 2 × "
+        "pipelineParallelSize 1 × dataParallelSize 1): would leave 6 idle",
     ),
     (
-        "vllm on cpu",
-        _set("spec.rollout.engine", "vllm"),
-        "spec.rollout.engine: vllm needs GPUs; set gpusPerReplica ≥ 1 or use engine hf",
+        "too few gpus for the engines",
+        lambda d: d["spec"]["rollout"].update(
+            gpusPerReplica=2, tensorParallelSize=2, dataParallelSize=2, engine="vllm"
+        ),
+        "spec.rollout.gpusPerReplica: 2 GPUs for engines that use 4 (tensorParallelSize 2 × "
+        "pipelineParallelSize 1 × dataParallelSize 2): are too few",
+    ),
+    (
+        "tensor parallel on the cpu",
+        lambda d: d["spec"]["rollout"].update(tensorParallelSize=2, engine="vllm"),
+        "spec.rollout.tensorParallelSize: parallel engines need GPUs; set gpusPerReplica, or use 1 on the CPU",
+    ),
+    (
+        "sglang on the cpu",
+        _set("spec.rollout.engine", "sglang"),
+        "spec.rollout.engine: sglang has no CPU build; set gpusPerReplica ≥ 1, or use vllm or hf",
+    ),
+    (
+        "hf sharded",
+        lambda d: d["spec"]["rollout"].update(gpusPerReplica=2, dataParallelSize=2),
+        "spec.rollout.dataParallelSize: the hf engine runs one unsharded model; use 1, or engine vllm/sglang",
+    ),
+    (
+        "vllm with a nucleus cut",
+        lambda d: d["spec"]["rollout"].update(engine="vllm", sampling={"topP": 0.9}),
+        "spec.rollout.sampling.topP: vllm reports log-probs after the top-p/top-k cut, which the trainer cannot "
+        "recompute; use engine hf",
+    ),
+    (
+        "vllm with a top-k cut",
+        lambda d: d["spec"]["rollout"].update(engine="vllm", sampling={"topK": 20}),
+        "spec.rollout.sampling.topK: vllm reports log-probs after the top-p/top-k cut, which the trainer cannot "
+        "recompute; use engine hf",
+    ),
+    (
+        "hf in flight",
+        _set("spec.rollout.weightUpdate", "inflight"),
+        "spec.rollout.weightUpdate: the hf engine switches versions between batches; use drain",
     ),
     (
         "kind without config",
@@ -332,3 +368,17 @@ def test_worker_configs_follow_the_spec(example_doc):
     assert configs.reward.functions == job.spec.reward.functions
     assert configs.controller.sampling == job.spec.rollout.sampling
     assert configs.trainer.world_size == 1
+
+
+def test_vllm_runs_on_the_cpu_and_its_gpus_add_up(example_doc):
+    """vLLM's CPU build runs where no GPU is (the schema refused it); on GPUs a replica's are its engines'
+    tensor × pipeline × data parallel degrees, every one used (examples/gpu-cluster.yaml: 2 × 1 × 4 = 8)."""
+    example_doc["spec"]["rollout"].update(engine="vllm", weightUpdate="inflight")
+    rollout = parse_rljob(example_doc).spec.rollout
+    assert (rollout.engine, rollout.gpus_per_replica, rollout.weight_update) == ("vllm", 0, "inflight")
+    example_doc["spec"]["rollout"].update(gpusPerReplica=8, tensorParallelSize=2, dataParallelSize=4)
+    rollout = parse_rljob(example_doc).spec.rollout
+    assert rollout.engine_gpus == 8
+    configs = derive_worker_configs(parse_rljob(example_doc))
+    assert (configs.rollout.tensor_parallel_size, configs.rollout.data_parallel_size) == (2, 4)
+    assert configs.rollout.weight_update == "inflight"

@@ -20,7 +20,8 @@ from rljob_api import AlgorithmSpec, CheckpointSpec, WeightSyncSpec, resolve_alg
 from rljob_api.workercfg import TrainerWorkerConfig
 from rljob_workers.trainer import checkpoint
 from rljob_workers.trainer.grpo import token_logprobs
-from rljob_workers.trainer.policy import PolicyTrainer, collate, largest_part_sizes
+from rljob_workers.trainer.microbatch import collate
+from rljob_workers.trainer.policy import PolicyTrainer, largest_part_sizes
 from rljob_workers.trainer.samples import TrainSample, combine_rank_metrics
 
 from tiny_models import char_llama

@@ -22,22 +22,25 @@ def save_char_tokenizer(path: Path, chars: str = CHARS) -> dict[str, int]:
     return dict(tokenizer.get_vocab())
 
 
-def char_llama(path: Path, *, seed: int = 0, hidden: int = 64, eos_bias: float = 2.0) -> Path:
+def char_llama(
+    path: Path, *, seed: int = 0, hidden: int = 64, eos_bias: float = 2.0, heads: int = 4, tied: bool = False
+) -> Path:
     """A ~80K-parameter Llama with a character tokenizer. `eos_bias` makes EOS likely (~5% a
-    step with the default) so that samples end both at EOS and at max length."""
+    step with the default) so that samples end both at EOS and at max length. vLLM's CPU attention takes
+    heads of 32 dimensions and up: `heads=2` of the default 64. `tied`: one matrix embeds and un-embeds."""
     vocab = save_char_tokenizer(path)
     config = LlamaConfig(
         vocab_size=len(vocab),
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=min(2, heads),
         max_position_embeddings=256,
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=EOS,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
         initializer_range=0.2,  # peaked distributions, so a wrong position or token shows in the log-probs
     )
     torch.manual_seed(seed)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -69,6 +69,20 @@ class OverlongSpec(Model):
     )
 
 
+class RolloutCorrectionSpec(Model):
+    """The rollout correction: how the loss accounts for the sampler (the rollout engine, perhaps an older
+    version) and the trainer disagreeing on a token's probability, r = π_trainer / π_sampler per token, the
+    trainer's taken at the step's start. The clipped ratio is then taken against the trainer's own
+    log-probs, and each token's loss weighted: tis by min(r, high) (truncated importance sampling, Yao et
+    al. 2025); icepop by r where low ≤ r ≤ high, 0 elsewhere (IcePop, Ling Team 2025)."""
+
+    mode: Literal["none", "tis", "icepop"] = Field(
+        "none", description="none: the ratio against the sampler's log-probs, as they came; tis or icepop."
+    )
+    low: float = Field(0.5, description="icepop: the least r a token keeps its loss at.", gt=0, le=1)
+    high: float = Field(2.0, description="tis: the cap of r; icepop: the most r a token keeps its loss at.", ge=1)
+
+
 class _AlgorithmCore(Model):
     """What every algorithm has, whatever its preset."""
 
@@ -95,6 +109,10 @@ class _AlgorithmCore(Model):
         le=64,
     )
     seed: int = Field(0, description="Seed of data order, sampling and initialisation.", ge=0)
+    rollout_correction: RolloutCorrectionSpec = Field(
+        default_factory=RolloutCorrectionSpec,
+        description="How the loss accounts for the rollout engine and the trainer disagreeing on a token.",
+    )
 
     @model_validator(mode="after")
     def _mini_batches_divide(self) -> Any:

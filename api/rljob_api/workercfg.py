@@ -13,7 +13,7 @@ from pydantic import Field
 
 from .algorithm import Algorithm, resolve_algorithm
 from .base import Model
-from .pools import Engine, SamplingSpec
+from .pools import Engine, SamplingSpec, WeightUpdate
 from .reward import OnError, ReplicaRange, RewardDispatch, RewardFunction, ScalingSpec
 from .spec import CheckpointSpec, DataSpec, RLJob, WeightSyncSpec
 
@@ -69,6 +69,9 @@ class RolloutWorkerConfig(Model):
     engine: Engine
     gpus: int
     tensor_parallel_size: int
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    weight_update: WeightUpdate = "drain"
     max_concurrent_prompts: int
     gpu_memory_utilization: float
     seed: int
@@ -143,6 +146,9 @@ def derive_worker_configs(job: RLJob) -> WorkerConfigs:
             engine=spec.rollout.engine,
             gpus=spec.rollout.gpus_per_replica,
             tensor_parallel_size=spec.rollout.tensor_parallel_size,
+            pipeline_parallel_size=spec.rollout.pipeline_parallel_size,
+            data_parallel_size=spec.rollout.data_parallel_size,
+            weight_update=spec.rollout.weight_update,
             max_concurrent_prompts=spec.rollout.max_concurrent_prompts,
             gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
             seed=spec.algorithm.seed,

@@ -119,7 +119,7 @@ def trainer_for(model: Path, device: torch.device, dtype: str, batch: int, lr: f
 
 def teacher_forced(trainer: Any, samples: list[Any]) -> list[torch.Tensor]:
     """The trainer's own log-probs of each sample's completion tokens (its forward, autocast included)."""
-    from rljob_workers.trainer.policy import collate
+    from rljob_workers.trainer.microbatch import collate
 
     batch = collate(samples, trainer.pad_id, trainer.device)
     with torch.no_grad():
@@ -154,7 +154,7 @@ def plain_step_fn(model_path: Path, trainer: Any, samples: list[Any]) -> Callabl
     """One step of a plain torch loop: the trainer's model, batch, loss shape, autocast, clipping and AdamW."""
     from transformers import AutoModelForCausalLM
 
-    from rljob_workers.trainer.policy import collate
+    from rljob_workers.trainer.microbatch import collate
 
     algo, device, dtype = trainer.algo, trainer.device, trainer.compute_dtype
     model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32, local_files_only=True)

@@ -153,12 +153,14 @@ def ray_cpus(resources: dict[str, dict[str, str]], cpus: float) -> int:
     return max(1, math.ceil(max(cpu_cores(resources["requests"]["cpu"]), cpus)))
 
 
-def container(job: RLJob, name: str, security: SecurityContext, **fields: Any) -> dict[str, Any]:
-    """A container of the job's image: name, image and pull policy, then `fields` in the order given, then
-    its securityContext."""
+def container(
+    job: RLJob, name: str, security: SecurityContext, image: str | None = None, **fields: Any
+) -> dict[str, Any]:
+    """A container of `image` (default: the job's worker image): name, image and pull policy, then `fields`
+    in the order given, then its securityContext."""
     return {
         "name": name,
-        "image": job.spec.image,
+        "image": image or job.spec.image,
         "imagePullPolicy": job.spec.image_pull_policy,
         **fields,
         "securityContext": security.container_fields(),

@@ -114,7 +114,11 @@ def worker_group(job: RLJob, shape: PoolShape, reward: RewardGroup) -> dict[str,
     tokens = shape.pool == "reward"
     mounts = volume_mounts(job, tokens=tokens)
     security = shape.placement.security_context or job.spec.security_context
-    main = container(job, "ray-worker", security, env=_env(job, shape.pool), resources=resources, volumeMounts=mounts)
+    # The rollout pool runs its engine's own image (vLLM pins its own torch), the other pools the worker image.
+    image = job.spec.rollout.image_or(job.spec.image) if shape.pool == "rollout" else job.spec.image
+    main = container(
+        job, "ray-worker", security, image, env=_env(job, shape.pool), resources=resources, volumeMounts=mounts
+    )
     template = pod_template(
         pool_labels(job, shape.pool),
         main,

@@ -26,7 +26,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         try:
             job = load_job_file(path)
             if args.deep:
-                prepare(job, None)
+                prepare(job, None, rollout_python=args.rollout_python)
         except (RLJobInvalid, SetupError) as exc:
             print(exc, file=sys.stderr)
             failed += 1
@@ -75,6 +75,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     return print_status(args.address, token_file=args.token_file, secret=args.secret, namespace=args.namespace)
 
 
+def add_rollout_python(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rollout-python",
+        default=os.environ.get("RLJOB_ROLLOUT_PYTHON") or None,
+        metavar="PYTHON",
+        help="interpreter of the rollout replicas: an engine's own environment (envs/vllm.sh prints vLLM's); "
+        "default $RLJOB_ROLLOUT_PYTHON, else this one",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rljob", description="LLM reinforcement learning, one RLJob at a time.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -93,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run rljob run's set-up checks: model folder, data rows, reward imports and signatures, engines",
     )
+    add_rollout_python(p)
 
     p = add("generate", cmd_generate)
     p.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root")
@@ -106,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = add("run", cmd_run)
     p.add_argument("file", type=Path, help="RLJob YAML file")
+    add_rollout_python(p)
     p.add_argument("--output", type=Path, default=None, help="run directory (default rljob-runs/<name>)")
     p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
     p.add_argument("--steps", type=int, default=None, help="override algorithm.totalSteps")

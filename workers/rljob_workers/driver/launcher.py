@@ -53,16 +53,22 @@ async def pool_started(pool: Pool, loads: str, start: Awaitable[T]) -> T:
         raise SetupError(f"the {pool} pool did not start ({loads}): {why}") from None
 
 
-def _options(pool: Pool, cpus: float, gpus: int, env: dict[str, str] | None) -> dict[str, Any]:
-    """An actor of `pool`, given `env` as its runtime env (None: the Ray node already has it)."""
+def _options(
+    pool: Pool, cpus: float, gpus: int, env: dict[str, str] | None, interpreter: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """An actor of `pool`, given `env` as its runtime env (None: the Ray node already has it), run by another
+    interpreter where `interpreter` says so (rollout_env.runtime_env)."""
     options: dict[str, Any] = {
         "resources": {pool_resource(pool): 1},
         "num_cpus": cpus,
         "num_gpus": gpus,
         "max_restarts": 0,
     }
-    if env is not None:
-        options["runtime_env"] = {"env_vars": env}
+    runtime: dict[str, Any] = {"env_vars": dict(env)} if env is not None else {}
+    if interpreter is not None:
+        runtime = {**runtime, **interpreter, "env_vars": {**runtime.get("env_vars", {}), **interpreter["env_vars"]}}
+    if runtime:
+        options["runtime_env"] = runtime
     return options
 
 
@@ -141,6 +147,7 @@ class ActorPool:
     cpus: float
     gpus: int
     env: dict[str, str] | None = None  # the replicas' runtime env (see `_options`), set before the first add
+    interpreter: dict[str, Any] | None = None  # another interpreter runs them (rollout_env.runtime_env)
     actors: dict[str, Any] = field(default_factory=dict)
     addresses: dict[str, str] = field(default_factory=dict)
     _next: int = 0
@@ -149,7 +156,7 @@ class ActorPool:
         index = self._next
         name = f"{self.pool}-{index}"
         self._next += 1
-        options = _options(self.pool, self.cpus, self.gpus, self.env)
+        options = _options(self.pool, self.cpus, self.gpus, self.env, self.interpreter)
         actor = self.actor_class.options(**options).remote(self.config_json, self.cpus, index)
         address = await actor.start.remote()
         self.actors[name], self.addresses[name] = actor, address

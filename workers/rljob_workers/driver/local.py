@@ -67,7 +67,7 @@ def _run_local(args: argparse.Namespace, locks: list[FolderLock]) -> int:
             locks += lock_run_folders(output, Path(configs.trainer.checkpoint.dir))
         else:
             local_ray_environment()
-            check_quickly(job, args.steps)
+            check_quickly(job, args.steps, args.rollout_python)
             checkpoints = Path(job.spec.checkpoint.dir).resolve()
             locks += lock_run_folders(output, checkpoints)
             resume_from(checkpoints, args.resume)  # refuses to start over checkpoints before Ray starts
@@ -139,6 +139,7 @@ def _run_with_restarts(args: argparse.Namespace, job: RLJob, configs: WorkerConf
             lock_folders=False,
             token=token,
             history=history,
+            rollout_python=None if args.cluster else args.rollout_python,
         )
         try:
             rc = asyncio.run(run.main())

@@ -18,7 +18,7 @@ from rljob_api import RLJob
 from rljob_api.workercfg import WorkerConfigs
 from rljob_workers.common.auth import JobToken, TokenError
 from rljob_workers.common.grpc_server import RunningServer, Service, start_server
-from rljob_workers.driver import summary
+from rljob_workers.driver import rollout_env, summary
 from rljob_workers.driver.controller.elastic import ElasticRewardPool
 from rljob_workers.driver.controller.idle import PoolIdle
 from rljob_workers.driver.controller.loop import Controller
@@ -77,6 +77,7 @@ class LocalRun:
         lock_folders: bool = True,
         token: JobToken | None = None,
         history: RestartHistory | None = None,
+        rollout_python: str | None = None,
     ) -> None:
         self.cluster = cluster
         self.job_file = job_file
@@ -99,6 +100,7 @@ class LocalRun:
         spec = job.spec
         self.cpus = {"rollout": spec.rollout.cpus, "reward": spec.reward.cpus, "trainer": spec.trainer.cpus}
         self.rollout: ActorPool = rollout_pool(configs, spec.rollout.cpus)
+        self.rollout.interpreter = rollout_env.runtime_env(rollout_python)  # an engine's own environment
         self.reward: ActorPool = reward_pool(configs, spec.reward.cpus)
         self.clients = RolloutClients(configs.rollout.max_concurrent_prompts)
         self.router = RewardRouter(replica_timeout=configs.controller.reward_timeout_seconds)

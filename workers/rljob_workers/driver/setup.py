@@ -10,7 +10,6 @@ the driver's ports are free.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
 import socket
@@ -44,21 +43,27 @@ def load_job_file(path: Path) -> RLJob:
         raise SetupError(f"{path}: {reason}") from None
 
 
-def prepare(job: RLJob, steps: int | None, *, cluster: bool = False) -> WorkerConfigs:
-    """Worker configs with local paths made absolute, after every set-up check has passed."""
-    check_quickly(job, steps)
+def prepare(
+    job: RLJob, steps: int | None, *, cluster: bool = False, rollout_python: str | None = None
+) -> WorkerConfigs:
+    """Worker configs with local paths made absolute, after every set-up check has passed. On a cluster the
+    rollout engine is not looked for here: the rollout pods run an image of their own (spec.rollout.image)."""
+    check_quickly(job, steps, rollout_python, rollout_engine=not cluster)
     check_models(job)
     return resolved_configs(job, cluster=cluster)
 
 
-def check_quickly(job: RLJob, steps: int | None) -> None:
-    """The checks that take well under a second: --steps, the data rows, the engines, the rules."""
+def check_quickly(
+    job: RLJob, steps: int | None, rollout_python: str | None = None, *, rollout_engine: bool = True
+) -> None:
+    """The checks that take well under a second: --steps, the data rows, the engines (in the rollout pool's
+    interpreter, `rollout_python`), the rules."""
     if steps is not None:
         if steps < 1:
             raise SetupError(f"--steps: {steps} is not a number of steps (at least 1)")
         job.spec.algorithm.total_steps = steps
     check_data(job)
-    check_engines(job)
+    check_engines(job, rollout_python, rollout=rollout_engine)
     check_rewards(job)
     for path, field in _model_folders(job):
         check_model_folder(path, field)
@@ -230,14 +235,29 @@ def _check_rule(field: str, function: RewardFunction, fields: list[str]) -> None
         ) from None
 
 
-def check_engines(job: RLJob) -> None:
-    """An optional engine the job names (for rollout or a genrm judge) is installed."""
-    named = [("spec.rollout.engine", job.spec.rollout.engine)]
-    named += [(f"{where}.genrm.engine", f.genrm.engine) for where, f in _indexed(job.spec.reward.functions) if f.genrm]
-    for field, engine in named:
+def check_engines(job: RLJob, rollout_python: str | None = None, *, rollout: bool = True) -> None:
+    """An optional engine the job names is installed: the rollout pool's in its interpreter (`rollout_python`,
+    None: this one; `rollout` False: not looked for), a genrm judge's in this one (the reward pool's)."""
+    from rljob_workers.driver.rollout_env import RolloutEnvError, has_module
+
+    named = [("spec.rollout.engine", job.spec.rollout.engine, rollout_python)] if rollout else []
+    named += [
+        (f"{where}.genrm.engine", f.genrm.engine, None) for where, f in _indexed(job.spec.reward.functions) if f.genrm
+    ]
+    for field, engine, python in named:
         module = OPTIONAL_ENGINES.get(engine)
-        if module is not None and importlib.util.find_spec(module) is None:
-            raise SetupError(f"{field}: engine {engine} is not installed (pip install 'rljob[{engine}]')")
+        try:
+            installed = module is None or has_module(python, module)
+        except RolloutEnvError as exc:
+            raise SetupError(f"{field}: {exc}") from None
+        if installed:
+            continue
+        if python is not None:
+            raise SetupError(f"{field}: engine {engine} is not installed in --rollout-python {python}")
+        hint = f"pip install 'rljob[{engine}]'"
+        if engine == "vllm" and field == "spec.rollout.engine":
+            hint += ", or build its own environment with envs/vllm.sh and pass its python as --rollout-python"
+        raise SetupError(f"{field}: engine {engine} is not installed ({hint})")
 
 
 def check_ports_free(ports: dict[str, int]) -> None:

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     import torch
 
+    from rljob_workers.weights.buckets import BucketPlan
+
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +75,8 @@ class PromptInput:
 
 @dataclass(frozen=True)
 class FinishedSample:
-    """One finished sample, stamped with the policy version that generated every token of it."""
+    """One finished sample, stamped with the policy versions that generated its first and last tokens
+    (the same one unless a new version came in flight while it was generated)."""
 
     prompt_id: str
     index: int
@@ -83,10 +86,15 @@ class FinishedSample:
     policy_version: int
     finish_reason: FinishReason
     text: str
+    last_policy_version: int | None = None  # None: policy_version made every token
 
     @property
     def sample_id(self) -> str:
         return f"{self.prompt_id}/{self.index}"
+
+    @property
+    def newest_version(self) -> int:
+        return self.policy_version if self.last_policy_version is None else self.last_policy_version
 
 
 @runtime_checkable
@@ -128,6 +136,47 @@ class Engine(Protocol):
 
     async def close(self) -> None:
         """Stop the engine and free its memory."""
+        ...
+
+
+@dataclass(frozen=True)
+class WeightGroupMembership:
+    """A JoinWeightGroup request as an engine that receives weights itself takes it: its members hold ranks
+    first_rank .. first_rank + weight_ranks - 1 of the group (the trainer is rank 0)."""
+
+    group_id: str
+    master_address: str
+    master_port: int
+    first_rank: int
+    world_size: int
+    backend: str  # "gloo" or "nccl"
+    timeout_seconds: float
+
+
+@runtime_checkable
+class ReceivingEngine(Protocol):
+    """An engine whose own worker processes receive new weights (vllm: one receiver per tensor- and
+    pipeline-parallel rank), so that no tensor is handed across a process: the rollout server only
+    forwards the group's membership and each version's bucket plan to them. Engines without this (hf)
+    get tensors from the server through `Engine.stage_weights`, as these do a version the server pulled
+    over the WeightService stream (a replica that joined late)."""
+
+    @property
+    def weight_ranks(self) -> int:
+        """Members this replica adds to a weight group."""
+        ...
+
+    async def join_weight_group(self, membership: WeightGroupMembership) -> None:
+        """Every receiver joins the group; returns once all have (the trainer waits with them)."""
+        ...
+
+    async def receive_broadcast(self, version: int, plans: Sequence[BucketPlan]) -> int:
+        """Receive `version` over the group into the engine and serve it from its next safe point (drain) or at
+        once (inflight); the bytes each receiver got, summed."""
+        ...
+
+    async def leave_weight_group(self) -> None:
+        """Every receiver leaves the group it joined, if any."""
         ...
 
 

@@ -64,7 +64,8 @@ class TinyModelSpec:
     hidden_size: int = 64
     intermediate_size: int = 256
     num_layers: int = 2
-    num_heads: int = 8
+    # Heads of 32 dimensions: vLLM's CPU attention takes head sizes of 32 and up (32, 64, 80, ...), not 8.
+    num_heads: int = 2
     max_positions: int = 64
     sft_steps: int = 800
     batch_size: int = 128

@@ -19,7 +19,15 @@ from rljob_api.workercfg import RolloutWorkerConfig
 from rljob_workers.common.batching import MESSAGE_BUDGET_BYTES, ready_batches
 from rljob_workers.common.grpc_server import RunningServer, Service, start_server
 from rljob_workers.engines import make_engine
-from rljob_workers.engines.base import Engine, FinishedSample, FinishReason, PromptInput, SamplingConfig
+from rljob_workers.engines.base import (
+    Engine,
+    FinishedSample,
+    FinishReason,
+    PromptInput,
+    ReceivingEngine,
+    SamplingConfig,
+    WeightGroupMembership,
+)
 from rljob_workers.weights.buckets import BucketPlan, from_proto
 from rljob_workers.weights.group import WeightGroup, bucket_device
 from rljob_workers.weights.receiver import pull_weights, receive_broadcast
@@ -87,6 +95,7 @@ def to_completion(sample: FinishedSample) -> sample_pb2.Completion:
         token_ids=sample.token_ids,
         logprobs=sample.logprobs,
         policy_version=sample.policy_version,
+        last_policy_version=sample.newest_version,
         finish_reason=_FINISH[sample.finish_reason],
         text=sample.text,
     )
@@ -123,7 +132,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         self._calls = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._group: WeightGroup | None = None
+        self._group: WeightGroup | None = None  # the group this process joined (engines without their own)
+        self._group_id = ""  # the group joined, by this process or the engine's workers
         self._update_lock = asyncio.Lock()
 
     async def Generate(
@@ -162,6 +172,8 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             in_flight=self.in_flight,
             draining=self.draining,
             eos_token_id=self.engine.eos_token_id,
+            weight_ranks=self.engine.weight_ranks if isinstance(self.engine, ReceivingEngine) else 1,
+            weight_update=getattr(self.engine, "weight_update", "drain"),
         )
 
     async def Drain(self, request: pb.DrainRequest, context: grpc.aio.ServicerContext) -> pb.DrainResponse:
@@ -180,39 +192,57 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         self, request: pb.JoinWeightGroupRequest, context: grpc.aio.ServicerContext
     ) -> pb.JoinWeightGroupResponse:
         try:
-            # Blocks until every member has joined: off the event loop, so generation goes on.
-            group = await asyncio.to_thread(self._join, request)
+            if isinstance(self.engine, ReceivingEngine):  # its own workers join, one member each
+                await self.engine.join_weight_group(membership(request))
+                self._group_id = request.group_id
+            else:  # blocks until every member has joined: off the event loop, so generation goes on
+                group = await asyncio.to_thread(self._join, request)
+                old, self._group = self._group, group
+                self._group_id = group.group_id
+                if old is not None:
+                    old.close()
         except ValueError as error:
             await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(error))
         except Exception as error:  # rendezvous timeout, unreachable store: the trainer may retry
             await _abort(context, grpc.StatusCode.UNAVAILABLE, f"joining weight group {request.group_id!r}: {error}")
-        old, self._group = self._group, group
-        if old is not None:
-            old.close()
-        return pb.JoinWeightGroupResponse(group_id=group.group_id)
+        return pb.JoinWeightGroupResponse(group_id=request.group_id)
 
     async def UpdateWeights(
         self, request: pb.UpdateWeightsRequest, context: grpc.aio.ServicerContext
     ) -> pb.UpdateWeightsResponse:
         async with self._update_lock:  # one transfer at a time; generation continues meanwhile
             started = time.perf_counter()
-            version, tensors = await self._receive(request, context)
-            seconds = time.perf_counter() - started
+            source, version = request.WhichOneof("source"), request.version
             try:
-                await self.engine.stage_weights(version, tensors)
-            except ValueError as error:
+                if source == "broadcast":
+                    plans = await self._broadcast_plans(request.broadcast, context)
+                    if isinstance(self.engine, ReceivingEngine):  # into the engine's own workers
+                        received = await self.engine.receive_broadcast(version, plans)
+                    else:
+                        tensors = await asyncio.to_thread(self._receive_broadcast, self._group, plans)
+                        received = await self._stage(version, tensors)
+                elif source == "pull":
+                    version, tensors = await self._pull(request, context)
+                    received = await self._stage(version, tensors)
+                else:
+                    await _abort(
+                        context, grpc.StatusCode.INVALID_ARGUMENT, "UpdateWeightsRequest.source: set broadcast or pull"
+                    )
+            except ValueError as error:  # weights that do not fit the model
                 await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"version {version}: {error}")
         return pb.UpdateWeightsResponse(
             staged_version=version,
             serving_version=self.engine.policy_version,
-            bytes=sum(t.numel() * t.element_size() for t in tensors.values()),
-            seconds=seconds,
+            bytes=received,
+            seconds=time.perf_counter() - started,
         )
 
     async def close(self) -> None:
         """Leave the weight group and stop the engine."""
         if self._group is not None:
             self._group.close()
+        if isinstance(self.engine, ReceivingEngine) and self._group_id:
+            await self.engine.leave_weight_group()
         await self.engine.close()
 
     def _join(self, request: pb.JoinWeightGroupRequest) -> WeightGroup:
@@ -221,32 +251,34 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
             torch.cuda.set_device(torch.device(device))
         return WeightGroup.from_request(request, weights_device=device)
 
-    async def _receive(
+    async def _broadcast_plans(self, source: pb.BroadcastSource, context: grpc.aio.ServicerContext) -> list[BucketPlan]:
+        """The bucket plan of a broadcast in the group this replica joined; FAILED_PRECONDITION for another."""
+        if self._group_id != source.group_id:
+            message = f"broadcast group {source.group_id!r} was not joined (joined: {self._group_id or 'none'})"
+            await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, message)
+        try:
+            return [from_proto(bucket) for bucket in source.buckets]
+        except ValueError as error:
+            await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"broadcast.buckets: {error}")
+
+    async def _pull(
         self, request: pb.UpdateWeightsRequest, context: grpc.aio.ServicerContext
     ) -> tuple[int, dict[str, torch.Tensor]]:
-        source = request.WhichOneof("source")
-        device = self.engine.weights_device
-        if source == "broadcast":
-            group = self._group
-            if group is None or group.group_id != request.broadcast.group_id:
-                joined = group.group_id if group else "none"
-                message = f"broadcast group {request.broadcast.group_id!r} was not joined (joined: {joined})"
-                await _abort(context, grpc.StatusCode.FAILED_PRECONDITION, message)
-            try:
-                plans = [from_proto(bucket) for bucket in request.broadcast.buckets]
-            except ValueError as error:
-                await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, f"broadcast.buckets: {error}")
-            tensors = await asyncio.to_thread(self._receive_broadcast, group, plans, device)
-            return request.version, tensors
-        if source == "pull":
-            try:
-                return await pull_weights(request.pull.address, request.version, device, token=self.token)
-            except grpc.aio.AioRpcError as error:
-                await _abort(context, error.code(), f"pull from {request.pull.address}: {error.details()}")
-        await _abort(context, grpc.StatusCode.INVALID_ARGUMENT, "UpdateWeightsRequest.source: set broadcast or pull")
+        try:
+            return await pull_weights(
+                request.pull.address, request.version, self.engine.weights_device, token=self.token
+            )
+        except grpc.aio.AioRpcError as error:
+            await _abort(context, error.code(), f"pull from {request.pull.address}: {error.details()}")
 
-    @staticmethod
-    def _receive_broadcast(group: WeightGroup, plans: list[BucketPlan], device: str) -> dict[str, torch.Tensor]:
+    async def _stage(self, version: int, tensors: dict[str, torch.Tensor]) -> int:
+        """Hand tensors this process received to the engine; the bytes handed."""
+        await self.engine.stage_weights(version, tensors)
+        return _nbytes(tensors)
+
+    def _receive_broadcast(self, group: WeightGroup | None, plans: list[BucketPlan]) -> dict[str, torch.Tensor]:
+        assert group is not None  # _broadcast_plans checked it was joined
+        device = self.engine.weights_device
         if device.startswith("cuda"):
             torch.cuda.set_device(torch.device(device))
         tensors = receive_broadcast(group, plans, bucket_device(group.backend, device))
@@ -262,6 +294,26 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         self.in_flight -= unfinished
         if self._calls == 0:
             self._idle.set()
+
+
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def membership(request: pb.JoinWeightGroupRequest) -> WeightGroupMembership:
+    """A JoinWeightGroup request as an engine that receives weights itself takes it."""
+    backend = {pb.WEIGHT_BACKEND_GLOO: "gloo", pb.WEIGHT_BACKEND_NCCL: "nccl"}.get(request.backend)
+    if backend is None:
+        raise ValueError(f"JoinWeightGroupRequest.backend: unsupported value {request.backend}")
+    return WeightGroupMembership(
+        group_id=request.group_id,
+        master_address=request.master_address,
+        master_port=request.master_port,
+        first_rank=request.rank,
+        world_size=request.world_size,
+        backend=backend,
+        timeout_seconds=request.timeout_seconds if request.timeout_seconds > 0 else 300.0,
+    )
 
 
 async def _abort(context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:

@@ -101,6 +101,7 @@ def policy_loss(
     aggregation: Aggregation = "token-mean",
     norm_tokens: float | None = None,
     ratio_level: RatioLevel = "token",
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped PPO/GRPO surrogate, ``-min(ρA, clip(ρ, 1 - clip_low, 1 + clip_high) A)``.
 
@@ -113,6 +114,10 @@ def policy_loss(
     ``ratio_level="sequence"`` is GSPO's: one ratio per completion, the length-normalised
     ``s = (π(y|x) / π_old(y|x)) ** (1 / |y|) = exp(mean_t log ρ_t)``, clipped as a whole, so the
     surrogate (the same at each of its tokens) is ``-min(sA, clip(s) A)`` and its gradient ``A ∇s``.
+
+    ``token_weights`` ``[B, T]`` (detached) multiply each token's surrogate before it is aggregated: the
+    rollout correction's (see `correction.py`, which also passes the proximal log-probs as
+    ``behaviour_logprobs``, the policy the ratio is taken against).
 
     Metrics, detached 0-dim tensors: ``clip_fraction`` (tokens whose gradient the clip
     cut), ``approx_kl`` (k3 estimate of KL(behaviour || policy)) and ``ratio_mean``.
@@ -128,7 +133,10 @@ def policy_loss(
     ratio = torch.exp(log_ratio)
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
-    loss = aggregate(-torch.minimum(unclipped, clipped), mask, aggregation, norm_tokens)
+    surrogate = -torch.minimum(unclipped, clipped)
+    if token_weights is not None:
+        surrogate = surrogate * token_weights
+    loss = aggregate(surrogate, mask, aggregation, norm_tokens)
     with torch.no_grad():
         cut = ((ratio < 1.0 - clip_low) & (adv < 0)) | ((ratio > 1.0 + clip_high) & (adv > 0))
         metrics = {
@@ -217,6 +225,7 @@ def grpo_loss(
     aggregation: Aggregation = "token-mean",
     norm_tokens: float | None = None,
     ratio_level: RatioLevel = "token",
+    token_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``policy_loss + kl_coef * kl_penalty`` with the same aggregation for both.
 
@@ -233,6 +242,7 @@ def grpo_loss(
         aggregation=aggregation,
         norm_tokens=norm_tokens,
         ratio_level=ratio_level,
+        token_weights=token_weights,
     )
     metrics["policy_loss"] = loss.detach()
     if kl_coef == 0.0:

@@ -18,39 +18,11 @@ from torch import Tensor
 from rljob_api.workercfg import TrainerWorkerConfig
 from rljob_workers.common.device import resolve_dtype
 from rljob_workers.common.freeze import frozen_names
+from rljob_workers.trainer.correction import correction_weights, mismatch
 from rljob_workers.trainer.grpo import grpo_loss, kl_folded_returns, kl_per_token, moments, token_logprobs, whiten
+from rljob_workers.trainer.microbatch import collate
+from rljob_workers.trainer.past_versions import PastVersions
 from rljob_workers.trainer.samples import TrainSample
-
-
-def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -> dict[str, Tensor]:
-    """Right-padded prompt+completion ids, and per-position tensors aligned with next-token logits.
-
-    Position t of `mask`/`behaviour` refers to the token at t+1 of `input_ids`, which the
-    logits at t predict; only completion tokens are masked in. `advantages` is one per sample, or one
-    per position where any sample carries `token_advantages`.
-    """
-    lengths = [len(s.prompt_token_ids) + len(s.token_ids) for s in samples]
-    width = max(lengths)
-    input_ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(samples), width), dtype=torch.long)
-    mask = torch.zeros((len(samples), width - 1), dtype=torch.float32)
-    behaviour = torch.zeros((len(samples), width - 1), dtype=torch.float32)
-    for row, sample in enumerate(samples):
-        prompt, completion = len(sample.prompt_token_ids), len(sample.token_ids)
-        input_ids[row, : prompt + completion] = torch.tensor(sample.prompt_token_ids + sample.token_ids)
-        attention[row, : prompt + completion] = 1
-        mask[row, prompt - 1 : prompt - 1 + completion] = 1.0
-        behaviour[row, prompt - 1 : prompt - 1 + completion] = torch.tensor(sample.behaviour_logprobs)
-    advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
-    if any(s.token_advantages is not None for s in samples):
-        per_token = torch.zeros((len(samples), width - 1), dtype=torch.float32)
-        for row, sample in enumerate(samples):
-            start, completion = len(sample.prompt_token_ids) - 1, len(sample.token_ids)
-            values = sample.token_advantages if sample.token_advantages is not None else [sample.advantage] * completion
-            per_token[row, start : start + completion] = torch.tensor(values, dtype=torch.float32)
-        advantages = per_token
-    batch = {"input_ids": input_ids, "attention_mask": attention, "mask": mask, "behaviour": behaviour}
-    return {k: v.to(device) for k, v in {**batch, "advantages": advantages}.items()}
 
 
 def freeze_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> frozenset[str]:
@@ -108,6 +80,9 @@ class PolicyTrainer:
             self.reference = self._frozen_copy(load(config.model_path, self.compute_dtype) if resume_from else model)
             self.reference.to(self.compute_dtype)
         self.frozen = freeze_parameters(model, config.freeze)
+        self._mismatch = [0.0, 0.0, 0.0]  # this step's engine/trainer log-prob gaps: sum, max, tokens
+        # the versions a stale sample may come from, to measure its mismatch at its own weights
+        self._past = PastVersions(0 if self._sharded else self.algo.max_staleness, self.compute_dtype)
         self.policy = model
         self.model = self._wrap(model)
         self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
@@ -169,8 +144,13 @@ class PolicyTrainer:
         sums: dict[str, float] = {}
         if self.algo.advantage_estimator == "batch-normalized":
             samples = self._batch_normalized(samples, total_tokens, sums)
-        self.model.train()
         minis, micro_size = self.algo.mini_batches, self.config.micro_batch_size
+        if minis > 1 and self.algo.rollout_correction.mode != "none":
+            samples = self._with_proximal(samples)  # later mini-batches come after updates
+        self._mismatch = [0.0, 0.0, 0.0]  # sum, max, tokens: of the first mini-batch, before any update
+        self._measure_stale_mismatch(samples)
+        self._past.remember(self.policy)  # this step's version: stale samples of later steps come from it
+        self.model.train()
         scale_samples = total_samples / minis
         scale_tokens = max(total_tokens / minis, 1.0)
         for mini, largest in enumerate(largest_part_sizes(total_samples, self.world_size, minis)):
@@ -179,11 +159,33 @@ class PolicyTrainer:
             for start in range(0, largest, micro_size):
                 micro = part[start : start + micro_size]
                 if micro:
-                    self._accumulate(micro, scale_samples, scale_tokens, sums)
+                    self._accumulate(micro, scale_samples, scale_tokens, sums, before_updates=mini == 0)
                 else:
                     self._accumulate_padding()
             sums["grad_norm"] = sums.get("grad_norm", 0.0) + self._clip_and_step()
-        return {k: v / minis for k, v in sums.items()}
+        total, largest_gap, tokens = self._mismatch
+        return {
+            **{k: v / minis for k, v in sums.items()},
+            "logprob_mismatch_sum": total,
+            "logprob_mismatch_max": largest_gap,
+            "logprob_mismatch_tokens": tokens,
+        }
+
+    @torch.no_grad()
+    def _with_proximal(self, samples: Sequence[TrainSample]) -> list[TrainSample]:
+        """Each sample with the trainer's log-probs of its tokens now, at the step's start (the rollout
+        correction's proximal policy), for the mini-batches that come after an update."""
+        self.model.eval()
+        out = []
+        for start in range(0, len(samples), self.config.micro_batch_size):
+            part = list(samples[start : start + self.config.micro_batch_size])
+            batch = collate(part, self.pad_id, self.device)
+            logprobs = self._logprobs(self.model, batch)
+            for row, sample in enumerate(part):
+                first = len(sample.prompt_token_ids) - 1
+                values = logprobs[row, first : first + len(sample.token_ids)].tolist()
+                out.append(replace(sample, proximal_logprobs=values))
+        return out
 
     @torch.no_grad()
     def _batch_normalized(self, samples: Sequence[TrainSample], total_tokens: int, sums: dict) -> list[TrainSample]:
@@ -229,7 +231,13 @@ class PolicyTrainer:
         self._accumulate([padding], 1.0, 1.0, {}, weight_scale=0.0)
 
     def _accumulate(
-        self, micro: list[TrainSample], per_samples: float, per_tokens: float, sums: dict, weight_scale: float = 1.0
+        self,
+        micro: list[TrainSample],
+        per_samples: float,
+        per_tokens: float,
+        sums: dict,
+        weight_scale: float = 1.0,
+        before_updates: bool = False,
     ) -> None:
         batch = collate(micro, self.pad_id, self.device)
         logprobs = self._logprobs(self.model, batch)
@@ -237,9 +245,20 @@ class PolicyTrainer:
         if self.reference is not None and self.algo.kl_in == "loss":
             with torch.no_grad():
                 ref = self._logprobs(self.reference, batch)
+        # Before the step's first update this forward is the trainer's own view of the samples' version.
+        proximal = batch.get("proximal", logprobs.detach() if before_updates else None)
+        if before_updates and weight_scale:
+            self._measure_mismatch(logprobs, batch)
+        old, weights = batch["behaviour"], None
+        correction = self.algo.rollout_correction
+        if correction.mode != "none" and proximal is not None:
+            weights = correction_weights(
+                proximal, batch["behaviour"], batch["mask"], correction.mode, correction.low, correction.high
+            )
+            old = proximal  # the ratio, clipped, against the trainer's own log-probs
         loss, metrics = grpo_loss(
             logprobs,
-            batch["behaviour"],
+            old,
             batch["advantages"],
             batch["mask"],
             ref_logprobs=ref,
@@ -250,6 +269,7 @@ class PolicyTrainer:
             aggregation=self.algo.loss_aggregation,
             norm_tokens=self.algo.loss_norm_tokens,
             ratio_level=self.algo.ratio_level,
+            token_weights=weights,
         )
         # Token-mean weighs a micro-batch by its tokens; the others average over completions first
         if self.algo.loss_aggregation == "token-mean":
@@ -260,6 +280,22 @@ class PolicyTrainer:
         (loss * weight * self.world_size).backward()
         for name, value in metrics.items():
             sums[name] = sums.get(name, 0.0) + float(value) * weight
+
+    def _measure_mismatch(self, logprobs: Tensor, batch: dict[str, Tensor], lag: int = 0) -> None:
+        """|engine log-prob - trainer log-prob| over the tokens of the batch's samples generated `lag` versions
+        before this step's, `logprobs` the trainer's at those weights."""
+        total, largest, tokens = mismatch(logprobs, batch["behaviour"], batch["mask"], batch["lag"] == lag)
+        self._mismatch = [self._mismatch[0] + total, max(self._mismatch[1], largest), self._mismatch[2] + tokens]
+
+    def _measure_stale_mismatch(self, samples: Sequence[TrainSample]) -> None:
+        """The mismatch of the stale samples, each at the weights of the version that generated it."""
+        for lag in sorted({s.lag for s in samples if s.lag and self._past.has(s.lag)}):
+            stale = [s for s in samples if s.lag == lag]
+            for start in range(0, len(stale), self.config.micro_batch_size):
+                batch = collate(stale[start : start + self.config.micro_batch_size], self.pad_id, self.device)
+                logprobs = self._past.logprobs(self.policy, lag, self._logprobs, batch)
+                if logprobs is not None:
+                    self._measure_mismatch(logprobs, batch, lag)
 
     def _clip_and_step(self) -> float:
         norm = 0.0

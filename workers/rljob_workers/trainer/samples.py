@@ -23,6 +23,13 @@ class TrainSample:
     behaviour_logprobs: list[float]
     advantage: float
     token_advantages: list[float] | None = None
+    # How many versions before the one this step trains from generated every token (0: those very weights;
+    # None: it spans versions, updated in flight). At the generating weights the engine's log-probs and the
+    # trainer's differ only by how each computes them: the mismatch the step reports.
+    lag: int | None = 0
+    # The trainer's log-probs of its tokens at the step's start (the rollout correction's proximal policy),
+    # where a step of several mini-batches needs them before its first update.
+    proximal_logprobs: list[float] | None = None
 
 
 def mean_and_std(values: Sequence[float]) -> tuple[float, float]:
@@ -113,10 +120,14 @@ def combine_rank_metrics(per_rank: Sequence[Mapping[str, float]]) -> dict[str, f
     """The train step's metrics over all ranks, from each rank's `train_step` result.
 
     Every rank weights its figures by the whole batch, so they add up; `grad_norm` is the norm
-    of the already reduced gradients, the same on every rank, so it is taken once.
+    of the already reduced gradients, the same on every rank, so it is taken once; a `*_max` is the
+    largest rank's.
     """
     names = dict.fromkeys(name for metrics in per_rank for name in metrics)
     combined = {name: sum(metrics.get(name, 0.0) for metrics in per_rank) for name in names}
     if "grad_norm" in combined:
         combined["grad_norm"] = per_rank[0]["grad_norm"]
+    for name in names:  # a largest value is the largest of the ranks'
+        if name.endswith("_max"):
+            combined[name] = max(metrics.get(name, 0.0) for metrics in per_rank)
     return combined

@@ -136,20 +136,24 @@ class GetRolloutInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetRolloutInfoResponse(_message.Message):
-    __slots__ = ("engine", "model", "policy_version", "in_flight", "draining", "eos_token_id")
+    __slots__ = ("engine", "model", "policy_version", "in_flight", "draining", "eos_token_id", "weight_ranks", "weight_update")
     ENGINE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     DRAINING_FIELD_NUMBER: _ClassVar[int]
     EOS_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_RANKS_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_UPDATE_FIELD_NUMBER: _ClassVar[int]
     engine: str
     model: str
     policy_version: int
     in_flight: int
     draining: bool
     eos_token_id: int
-    def __init__(self, engine: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[int] = ..., in_flight: _Optional[int] = ..., draining: _Optional[bool] = ..., eos_token_id: _Optional[int] = ...) -> None: ...
+    weight_ranks: int
+    weight_update: str
+    def __init__(self, engine: _Optional[str] = ..., model: _Optional[str] = ..., policy_version: _Optional[int] = ..., in_flight: _Optional[int] = ..., draining: _Optional[bool] = ..., eos_token_id: _Optional[int] = ..., weight_ranks: _Optional[int] = ..., weight_update: _Optional[str] = ...) -> None: ...
 
 class DrainRequest(_message.Message):
     __slots__ = ("timeout_seconds",)

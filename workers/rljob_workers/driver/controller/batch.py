@@ -39,6 +39,14 @@ def informative(group: Group, algorithm: Algorithm, max_new_tokens: int) -> bool
     return not all_equal(shaped_rewards(group.scored, algorithm, max_new_tokens))
 
 
+def lag(sample: Sample, version: int) -> int | None:
+    """How many versions before `version` (the one trained from) generated every token of `sample`; None when
+    a version came in flight while it was generated (its tokens are of two)."""
+    if (sample.last_version or sample.policy_version) != sample.policy_version:
+        return None
+    return staleness(sample.policy_version, version)
+
+
 def train_batch(groups: list[Group], version: int, algorithm: Algorithm, max_new_tokens: int) -> StepBatch:
     """The scored samples of `groups` with their advantages (algorithm.advantageEstimator), their staleness
     against `version` (the version being trained), and the groups' prompt ids. Under overlong.maskTruncated a
@@ -55,7 +63,10 @@ def train_batch(groups: list[Group], version: int, algorithm: Algorithm, max_new
     kept = [(s, a) for (_, s), a in zip(scored, found, strict=True) if not (mask_truncated and s.truncated)]
     truncated = sum(1 for _, sample in scored if sample.truncated)
     return StepBatch(
-        samples=[TrainSample(s.prompt_token_ids, s.token_ids, s.logprobs, advantage) for s, advantage in kept],
+        samples=[
+            TrainSample(s.prompt_token_ids, s.token_ids, s.logprobs, advantage, lag=lag(s, version))
+            for s, advantage in kept
+        ],
         rewards=[float(sample.reward or 0.0) for _, sample in scored],
         lags=[staleness(sample.policy_version, version) for sample, _ in kept],
         prompt_ids=[g.prompt.prompt_id for g in groups],

@@ -20,9 +20,10 @@ class Sample:
     prompt_token_ids: list[int]
     token_ids: list[int]
     logprobs: list[float]
-    policy_version: int
+    policy_version: int  # of its first token: the oldest it spans, what its staleness counts from
     text: str
     truncated: bool = False  # cut at maxNewTokens (finish reason LENGTH)
+    last_version: int | None = None  # of its last token, when a version came in flight (None: policy_version)
     reward: float | None = None
     components: dict[str, float] = field(default_factory=dict)
 

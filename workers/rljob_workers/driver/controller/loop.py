@@ -35,7 +35,15 @@ from rljob_workers.driver.controller.data import Prompt, PromptSource
 from rljob_workers.driver.controller.groups import Group, GroupTracker, Sample, dispatch_allowed, staleness
 from rljob_workers.driver.controller.idle import BusyClock
 from rljob_workers.driver.controller.messages import contiguous_runs, generate_request, received_sample
-from rljob_workers.driver.controller.report import Counts, NothingToLearn, RunFailed, Scorer, StepReport, Trainer
+from rljob_workers.driver.controller.report import (
+    Counts,
+    NothingToLearn,
+    RunFailed,
+    Scorer,
+    StepReport,
+    Trainer,
+    mismatch_of,
+)
 from rljob_workers.driver.controller.rollout_clients import Replica, ReplicaLost, RolloutClients
 from rljob_workers.driver.controller.scoring import RewardScoring
 from rljob_workers.trainer.checkpoint import step_dir
@@ -175,6 +183,7 @@ class Controller(RewardScoring):
         reward_mean, reward_std = mean_and_std(batch.rewards + filtered_rewards)
         scored = len(batch.rewards) + len(filtered_rewards)
         truncated = batch.truncated + sum(1 for group in filtered for s in group.scored if s.truncated)
+        mismatch_mean, mismatch_max = mismatch_of(metrics)
         return StepReport(
             step=self.step,
             version=self.version,
@@ -193,6 +202,8 @@ class Controller(RewardScoring):
             filtered_prompt_ids=[g.prompt.prompt_id for g in filtered],
             filtered_reward_means=[mean_and_std([float(s.reward or 0.0) for s in g.scored])[0] for g in filtered],
             truncated_fraction=truncated / max(scored, 1),
+            logprob_mismatch_mean=mismatch_mean,
+            logprob_mismatch_max=mismatch_max,
             **times,
         )
 

@@ -33,6 +33,8 @@ def received_sample(completion: sample_pb2.Completion) -> Sample:
         policy_version=completion.policy_version,
         text=completion.text,
         truncated=completion.finish_reason == sample_pb2.FINISH_REASON_LENGTH,
+        # an older replica leaves it 0: one version made every token
+        last_version=max(completion.last_policy_version, completion.policy_version),
     )
 
 

@@ -76,3 +76,15 @@ class StepReport:
     filtered_prompt_ids: list[str] = field(default_factory=list)
     filtered_reward_means: list[float] = field(default_factory=list)
     truncated_fraction: float = 0.0  # of the step's scored samples, those cut at maxNewTokens
+    # |engine log-prob - trainer log-prob| over the tokens of the samples the trained-from weights generated,
+    # before the step's first update: the rollout engine's and the trainer's numerics apart (None: no such token).
+    logprob_mismatch_mean: float | None = None
+    logprob_mismatch_max: float | None = None
+
+
+def mismatch_of(metrics: dict[str, float]) -> tuple[float | None, float | None]:
+    """The step's engine/trainer log-prob mismatch (mean, max) from the trainer's summed metrics."""
+    tokens = metrics.get("logprob_mismatch_tokens", 0.0)
+    if not tokens:
+        return None, None
+    return metrics["logprob_mismatch_sum"] / tokens, metrics["logprob_mismatch_max"]

@@ -33,6 +33,7 @@ class Replica:
     channel: grpc.aio.Channel
     in_flight: int = 0
     alive: bool = True
+    last_error: str = ""  # why its last weight sync failed, for the run's message
 
 
 @dataclass

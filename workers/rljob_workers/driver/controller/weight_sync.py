@@ -57,8 +57,10 @@ class WeightSync:
     _delivery: asyncio.Task[None] | None = None  # the version `overlapped` delivers in the background
 
     async def __call__(self, version: int) -> None:
-        """Publish `version` and deliver it to every live replica (re-forming the group if needed)."""
+        """Publish `version` and deliver it to every live replica (re-forming the group if needed), within
+        weightSync.timeoutSeconds for all tries together: a sync that cannot finish fails naming its replicas."""
         started = time.monotonic()
+        failed: list[Replica] = []
         for _attempt in range(3):
             live = self.rollout.live()
             if not live:
@@ -74,12 +76,26 @@ class WeightSync:
             for replica in failed:
                 replica.alive = await _answers(replica)
             self.members = ()
-        raise RuntimeError(f"could not deliver policy version {version} to the rollout pool")
+            if time.monotonic() - started >= self.timeout:
+                break
+        causes = "; ".join(f"{r.name}: {r.last_error}" for r in failed) or "no replica took it"
+        raise RuntimeError(
+            f"could not deliver policy version {version} to the rollout pool within weightSync.timeoutSeconds "
+            f"({self.timeout:g} s): {causes}"
+        )
 
     async def _form_group(self, live: list[Replica]) -> list[Replica]:
-        """Open a group of the trainer and `live`; returns the replicas that failed to join."""
+        """Open a group of the trainer and `live`; returns the replicas that failed to join. A replica takes as
+        many ranks as its engine has processes that receive weights (vllm: one per tensor-parallel rank)."""
         self.group_id = uuid.uuid4().hex[:12]
-        world = len(live) + 1
+        try:
+            ranks = await asyncio.gather(*(_weight_ranks(r, self.timeout) for r in live))
+        except GONE as exc:
+            for replica in live:
+                replica.last_error = f"asking its weight ranks failed: {_detail(exc)}"
+            return live
+        world = 1 + sum(ranks)
+        firsts = [1 + sum(ranks[:i]) for i in range(len(live))]
         host, port = await self.trainer.open_group(self.group_id, world, self.backend, self.timeout)
         joins = [
             _call(
@@ -88,14 +104,14 @@ class WeightSync:
                     group_id=self.group_id,
                     master_address=host,
                     master_port=port,
-                    rank=rank,
+                    rank=first,
                     world_size=world,
                     backend=BACKENDS[self.backend],
                     timeout_seconds=self.timeout,
                 ),
                 self.timeout,
             )
-            for rank, r in enumerate(live, start=1)
+            for first, r in zip(firsts, live, strict=True)
         ]
         # A member that cannot join leaves the trainer waiting for it until the group's timeout.
         _, failed = await _beside(self.trainer.join_group(), live, joins, "joining the weight group")
@@ -160,10 +176,17 @@ async def _beside(
     for replica, result in zip(live, results[1:], strict=True):
         if isinstance(result, BaseException):
             log.warning("%s of %s failed: %s", what, replica.name, result)
+            replica.last_error = f"{what} failed: {_detail(result)}"
             failed.append(replica)
     if isinstance(results[0], BaseException) and not failed:
         raise results[0]
     return not isinstance(results[0], BaseException), failed
+
+
+async def _weight_ranks(replica: Replica, timeout: float) -> int:
+    """Members `replica` adds to a weight group (an older replica says 0: one)."""
+    info = await replica.stub.GetRolloutInfo(pb.GetRolloutInfoRequest(), timeout=timeout)
+    return max(int(info.weight_ranks), 1)
 
 
 async def _answers(replica: Replica) -> bool:
