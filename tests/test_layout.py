@@ -24,7 +24,7 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "tasks": frozenset(),
     "models": frozenset({"tasks"}),
     "weights": frozenset({"common"}),
-    "engines": frozenset({"common"}),
+    "engines": frozenset({"common", "weights"}),
     "trainer": frozenset({"common", "weights"}),
     "rollout": frozenset({"common", "engines", "weights"}),
     "reward": frozenset({"common", "engines"}),

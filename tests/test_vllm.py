@@ -4,24 +4,36 @@
 The adapter's checks run in that environment (tests/vllm_probe.py, one engine for all of them): it samples
 what the policy gives, new weights reach its worker process through the weight group and no KV of the old
 version serves the new one, a pulled version loads in the worker, an update in flight pauses and resumes the
-running samples, and a sync with nobody sending fails within its timeout. Skips name what is missing where
-vLLM's environment is not built.
+running samples, and a sync with nobody sending fails within its timeout. Then `rljob run` of the shipped
+example with vLLM as its rollout engine, a replica killed on the way. Skips name what is missing where vLLM's
+environment is not built.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import statistics
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
+import yaml
 
-from conftest import REPO
+from rljob_workers.driver.ledger import read_ledger
+from rljob_workers.driver.metrics import read_metrics
+from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
+
+from conftest import REPO, kill_process_tree
 from tiny_models import char_llama
 
 VLLM_ENV = REPO / "envs" / "vllm.sh"
+RLJOB = Path(sys.executable).parent / "rljob"
 PROBE = Path(__file__).with_name("vllm_probe.py")
 # fp32 on both sides: what the engine's log-probs and a transformers forward of the same weights may differ by
 LOGPROB_TOLERANCE = 1e-4
@@ -35,7 +47,11 @@ def vllm_python() -> str | None:
 
 
 VLLM_PYTHON = vllm_python()
-pytestmark = pytest.mark.skipif(VLLM_PYTHON is None, reason="vLLM's environment is not built: run envs/vllm.sh")
+pytestmark = [
+    pytest.mark.skipif(VLLM_PYTHON is None, reason="vLLM's environment is not built: run envs/vllm.sh"),
+    pytest.mark.ray,
+    pytest.mark.slow,
+]
 
 
 def rljob_path() -> str:
@@ -92,3 +108,68 @@ def test_an_update_in_flight_pauses_the_running_samples_and_they_span_both_versi
 def test_a_sync_that_cannot_finish_fails_within_its_timeout(probe: dict[str, Any]) -> None:
     assert probe["timeout_error"], "a broadcast nobody sent was taken"
     assert 2.5 <= probe["timeout_seconds"] < 20, probe
+
+
+def _rollout_actor(run: subprocess.Popen[str]) -> int | None:
+    """The pid of the run's rollout replica (its Ray actor's process), if it is up."""
+    for child in psutil.Process(run.pid).children(recursive=True):
+        try:
+            if child.cmdline()[0].startswith("ray::RolloutActor"):
+                return int(child.pid)
+        except (psutil.Error, IndexError):
+            continue
+    return None
+
+
+def test_rljob_run_with_vllm_learns_survives_a_killed_replica_and_reports_the_mismatch(
+    example_model: Path, tmp_path: Path
+) -> None:
+    """examples/arithmetic-vllm.yaml (what `make run-vllm` runs) with `rljob run --rollout-python`: the reward
+    rises from the weak model's to 0.8 and more; its rollout replica, SIGKILLed at step 20, is replaced, pulls
+    the current version and the run goes on (every prompt trained once, every sample scored once, nothing staler
+    than maxStaleness); each step reports the engine/trainer log-prob mismatch, small in fp32."""
+    assert VLLM_PYTHON is not None
+    doc = yaml.safe_load((REPO / "examples" / "arithmetic-vllm.yaml").read_text())
+    spec = doc["spec"]
+    spec["model"]["path"] = str(example_model)
+    spec["data"]["path"] = str(write_jsonl(tmp_path / "train.jsonl", make_problems(4096, seed=10_000)))
+    spec["checkpoint"]["dir"] = str(tmp_path / "checkpoints")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    out, log = tmp_path / "out", tmp_path / "run.log"
+    command = [str(RLJOB), "run", str(job), "--rollout-python", VLLM_PYTHON, "--no-display", "--output", str(out)]
+    with log.open("w") as sink:
+        run = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, text=True)
+        try:
+            killed = _kill_the_replica_at(run, out / "metrics.jsonl", step=20)
+            rc = run.wait(timeout=900)
+        finally:
+            if run.poll() is None:
+                kill_process_tree(run.pid)
+    output = log.read_text()
+    assert rc == 0, output[-5000:]
+    records = read_metrics(out / "metrics.jsonl")
+    rewards = [r["reward_mean"] for r in records]
+    steps = doc["spec"]["algorithm"]["totalSteps"]
+    assert len(records) == steps and rewards[0] <= 0.2 and statistics.fmean(rewards[-5:]) >= 0.8, rewards
+    assert "rollout replica rollout-0 replaced by rollout-1" in output, output[-5000:]
+    assert killed <= 25, killed
+    books = read_ledger(out / "metrics.jsonl", steps, spec["algorithm"]["promptsPerStep"])
+    assert books.clean, (books.prompts_lost, books.trained_twice, books.scored_twice)
+    assert max(r["staleness_max"] for r in records) <= spec["algorithm"]["maxStaleness"]
+    mismatch = [r["logprob_mismatch_mean"] for r in records]
+    assert None not in mismatch and max(mismatch) < LOGPROB_TOLERANCE, mismatch
+    print(f"rewards {rewards[0]:.3f} -> {statistics.fmean(rewards[-5:]):.3f}; mismatch max {max(mismatch):.2e}")
+
+
+def _kill_the_replica_at(run: subprocess.Popen[str], metrics: Path, step: int) -> int:
+    """SIGKILL the run's rollout replica once `step` steps are trained; the step it was killed at."""
+    deadline = time.monotonic() + 600
+    while run.poll() is None and time.monotonic() < deadline:
+        trained = len(read_metrics(metrics))
+        pid = _rollout_actor(run) if trained >= step else None
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            return trained
+        time.sleep(0.2)
+    raise AssertionError(f"the run ended or hung before step {step} (rc {run.poll()})")

@@ -151,35 +151,46 @@ async def probe(model_dir: str) -> dict[str, Any]:
         await engine.stage_weights(2, dict(trainer.weights()))
         out["gap_version_2"] = gap(await generate(engine, PROMPTS, SHORT), trainer)
 
-        # version 3 in flight: long samples running while it comes
-        engine.weight_update = "inflight"
-        version_2 = trainer.copy(model_dir)
-        trainer.next_version(3)
-        running = asyncio.ensure_future(generate(engine, MANY, LONG))
-        sentinel = under_way(engine)  # a request of the same batches: once it has tokens, so do the others
-        await anext(sentinel)
-        paused = time.monotonic()
-        await broadcast(engine, trainer, 3)
-        out["inflight_update_seconds"] = time.monotonic() - paused
-        spanning = await running
-        async for _ in sentinel:
-            pass
-        out["inflight_versions"] = sorted({(s.policy_version, s.newest_version) for s in spanning})
-        out["inflight_split_gaps"] = [split_gap(s, version_2, trainer) for s in spanning]
-
-        # a sync whose trainer never sends fails within the group's timeout, naming nothing stuck
-        await asyncio.gather(
-            engine.join_weight_group(trainer.membership("g2", 3)), asyncio.to_thread(trainer.join, "g2", 3)
-        )
-        stuck = time.monotonic()
-        try:
-            await engine.receive_broadcast(4, trainer.publisher.plan)
-            out["timeout_error"] = None
-        except Exception as exc:  # what reaches the rollout server (and from there the controller)
-            out["timeout_error"] = f"{type(exc).__name__}: {exc}"[:300]
-        out["timeout_seconds"] = time.monotonic() - stuck
+        out.update(await update_in_flight(engine, trainer, model_dir))
+        out.update(await sync_that_never_comes(engine, trainer))
     finally:
         await engine.close()
+    return out
+
+
+async def update_in_flight(engine: VLLMEngine, trainer: Trainer, model_dir: str) -> dict[str, Any]:
+    """Version 3 in flight: long samples running while it comes."""
+    out: dict[str, Any] = {}
+    engine.weight_update = "inflight"
+    version_2 = trainer.copy(model_dir)
+    trainer.next_version(3)
+    running = asyncio.ensure_future(generate(engine, MANY, LONG))
+    sentinel = under_way(engine)  # a request of the same batches: once it has tokens, so do the others
+    await anext(sentinel)
+    paused = time.monotonic()
+    await broadcast(engine, trainer, 3)
+    out["inflight_update_seconds"] = time.monotonic() - paused
+    spanning = await running
+    async for _ in sentinel:
+        pass
+    out["inflight_versions"] = sorted({(s.policy_version, s.newest_version) for s in spanning})
+    out["inflight_split_gaps"] = [split_gap(s, version_2, trainer) for s in spanning]
+    return out
+
+
+async def sync_that_never_comes(engine: VLLMEngine, trainer: Trainer) -> dict[str, Any]:
+    """A sync whose trainer never sends fails within the group's timeout, naming nothing stuck."""
+    out: dict[str, Any] = {}
+    await asyncio.gather(
+        engine.join_weight_group(trainer.membership("g2", 3)), asyncio.to_thread(trainer.join, "g2", 3)
+    )
+    stuck = time.monotonic()
+    try:
+        await engine.receive_broadcast(4, trainer.publisher.plan)
+        out["timeout_error"] = None
+    except Exception as exc:  # what reaches the rollout server (and from there the controller)
+        out["timeout_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    out["timeout_seconds"] = time.monotonic() - stuck
     return out
 
 

@@ -15,7 +15,7 @@ from .algorithm import Algorithm, resolve_algorithm
 from .base import Model
 from .pools import Engine, SamplingSpec, WeightUpdate
 from .reward import OnError, ReplicaRange, RewardDispatch, RewardFunction, ScalingSpec
-from .spec import CheckpointSpec, DataSpec, RLJob, WeightSyncSpec
+from .spec import CheckpointSpec, DataSpec, RLJob, RLJobSpec, WeightSyncSpec
 
 Pool = Literal["rollout", "trainer", "reward"]
 POOLS: tuple[Pool, ...] = ("rollout", "trainer", "reward")
@@ -135,24 +135,56 @@ class WorkerConfigs(Model):
     ports: Ports = Field(default_factory=Ports)
 
 
+def _rollout_config(spec: RLJobSpec) -> RolloutWorkerConfig:
+    rollout = spec.rollout
+    return RolloutWorkerConfig(
+        model_path=spec.model.path,
+        dtype=spec.model.dtype,
+        engine=rollout.engine,
+        gpus=rollout.gpus_per_replica,
+        tensor_parallel_size=rollout.tensor_parallel_size,
+        pipeline_parallel_size=rollout.pipeline_parallel_size,
+        data_parallel_size=rollout.data_parallel_size,
+        weight_update=rollout.weight_update,
+        max_concurrent_prompts=rollout.max_concurrent_prompts,
+        gpu_memory_utilization=rollout.gpu_memory_utilization,
+        seed=spec.algorithm.seed,
+    )
+
+
+def _controller_config(job: RLJob, algorithm: Algorithm) -> ControllerConfig:
+    spec = job.spec
+    return ControllerConfig(
+        job_name=job.metadata.name,
+        namespace=job.metadata.namespace,
+        data=spec.data,
+        algorithm=algorithm,
+        sampling=spec.rollout.sampling,
+        rollout_replicas=spec.rollout.replicas,
+        reward_replicas=spec.reward.replicas,
+        reward_scaling=spec.reward.scaling,
+        reward_timeout_seconds=spec.reward.timeout_seconds,
+        reward_retries=spec.reward.retries,
+        reward_on_error=spec.reward.on_error,
+        reward_wait_timeout=spec.reward.wait_timeout_seconds,
+        reward_max_in_flight=spec.reward.max_in_flight_per_replica,
+        reward_dispatch=spec.reward.dispatch,
+        weight_sync=spec.weight_sync,
+        checkpoint=spec.checkpoint,
+        max_restarts={
+            "rollout": spec.rollout.max_restarts,
+            "reward": spec.reward.max_restarts,
+            "trainer": spec.trainer.max_restarts,
+        },
+    )
+
+
 def derive_worker_configs(job: RLJob) -> WorkerConfigs:
     """The one mapping from an RLJob spec to its workers' configs."""
     spec = job.spec
     algorithm = resolve_algorithm(spec.algorithm, spec.rollout.sampling.max_new_tokens)
     return WorkerConfigs(
-        rollout=RolloutWorkerConfig(
-            model_path=spec.model.path,
-            dtype=spec.model.dtype,
-            engine=spec.rollout.engine,
-            gpus=spec.rollout.gpus_per_replica,
-            tensor_parallel_size=spec.rollout.tensor_parallel_size,
-            pipeline_parallel_size=spec.rollout.pipeline_parallel_size,
-            data_parallel_size=spec.rollout.data_parallel_size,
-            weight_update=spec.rollout.weight_update,
-            max_concurrent_prompts=spec.rollout.max_concurrent_prompts,
-            gpu_memory_utilization=spec.rollout.gpu_memory_utilization,
-            seed=spec.algorithm.seed,
-        ),
+        rollout=_rollout_config(spec),
         reward=RewardWorkerConfig(
             functions=spec.reward.functions,
             timeout_seconds=spec.reward.timeout_seconds,
@@ -173,27 +205,5 @@ def derive_worker_configs(job: RLJob) -> WorkerConfigs:
             checkpoint=spec.checkpoint,
             weight_sync=spec.weight_sync,
         ),
-        controller=ControllerConfig(
-            job_name=job.metadata.name,
-            namespace=job.metadata.namespace,
-            data=spec.data,
-            algorithm=algorithm,
-            sampling=spec.rollout.sampling,
-            rollout_replicas=spec.rollout.replicas,
-            reward_replicas=spec.reward.replicas,
-            reward_scaling=spec.reward.scaling,
-            reward_timeout_seconds=spec.reward.timeout_seconds,
-            reward_retries=spec.reward.retries,
-            reward_on_error=spec.reward.on_error,
-            reward_wait_timeout=spec.reward.wait_timeout_seconds,
-            reward_max_in_flight=spec.reward.max_in_flight_per_replica,
-            reward_dispatch=spec.reward.dispatch,
-            weight_sync=spec.weight_sync,
-            checkpoint=spec.checkpoint,
-            max_restarts={
-                "rollout": spec.rollout.max_restarts,
-                "reward": spec.reward.max_restarts,
-                "trainer": spec.trainer.max_restarts,
-            },
-        ),
+        controller=_controller_config(job, algorithm),
     )

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from rljob_workers.driver.metrics import read_metrics
+from rljob_workers.driver.metrics import first_reaching, read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL, DATA = REPO / ".cache" / "models" / "tiny-arith", REPO / ".cache" / "data" / "arithmetic-train.jsonl"
@@ -50,11 +50,7 @@ class Outcome:
 
 
 def reached(records: list[dict]) -> dict | None:
-    """The first record whose last WINDOW steps' mean reward is TARGET or more."""
-    for end in range(WINDOW, len(records) + 1):
-        if statistics.fmean(r["reward_mean"] for r in records[end - WINDOW : end]) >= TARGET:
-            return records[end - 1]
-    return None
+    return first_reaching(records, TARGET, WINDOW)
 
 
 def algorithm_of(variant: str) -> dict[str, object]:

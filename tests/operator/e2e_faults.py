@@ -106,3 +106,31 @@ def fault_table(faults: list[Fault], lost: int, twice: int, scored_twice: int, o
             f"| {scored_twice} | {outcome} |"
         )
     return "\n".join(rows)
+
+
+def each_restart_told_once(cluster: Cluster, ns: str, job: str, status: dict[str, Any]) -> None:
+    """status.restarts counts each replacement once (the operator was replaced meanwhile, and the driver),
+    and `kubectl describe rlj` shows an Event for each."""
+    restarts = status.get("restarts") or {}
+    counts = {pool: restarts.get(pool) for pool in ("rollout", "reward", "trainer", "driver")}
+    assert counts == {"rollout": 1, "reward": 1, "trainer": 1, "driver": 1}, restarts
+    reasons = ("ReplicaReplaced", "TrainerRestarted", "DriverRestarted")
+    told = [e for e in cluster.events(ns, job) if e["reason"] in reasons]
+    counts = {reason: [e["reason"] for e in told].count(reason) for reason in reasons}
+    assert counts == {"ReplicaReplaced": 2, "TrainerRestarted": 1, "DriverRestarted": 1}, [e["message"] for e in told]
+    described = cluster.kubectl("describe", "rlj", job, "-n", ns).stdout
+    for what in ("rollout replica", "reward replica", "trainer group lost", "driver pod 1 failed"):
+        assert what in described, described[-3000:]
+    print("events:\n" + "\n".join(f"  {e['reason']}: {e['message']}" for e in told))
+
+
+def child_generations(cluster: Cluster, ns: str, job: str) -> dict[str, Any]:
+    """The generation of each child the operator writes (a rewrite of its spec would bump it)."""
+    found: dict[str, tuple[Any, ...]] = {}
+    for kind, name in (("raycluster", f"{job}-ray"), ("job", f"{job}-driver"),
+                       ("networkpolicy", f"{job}-pods"), ("configmap", f"{job}-config")):  # fmt: skip
+        obj = cluster.get(kind, name, ns) or {}
+        found[kind] = (obj.get("metadata") or {}).get("generation"), (obj.get("metadata") or {}).get("resourceVersion")
+    found["raycluster"] = found["raycluster"][:1]  # KubeRay writes its status (a new resourceVersion)
+    found["job"] = found["job"][:1]  # so does the Job controller
+    return found

@@ -20,12 +20,15 @@ POOLS = ("rollout", "trainer", "reward")
 
 
 def gpu_job(name: str, ns: str, reward_selector: dict[str, str] | None = None) -> dict[str, Any]:
-    """The arithmetic example on the GPU pools: 8 GPUs for the rollout replica and the trainer rank."""
+    """The arithmetic example on the GPU pools: 8 GPUs for the rollout replica (vLLM, tensor-parallel 8) and the
+    trainer rank."""
     return rljob(
         name,
         ns,
         rollout={
             **ARITHMETIC["spec"]["rollout"],
+            "engine": "vllm",  # 8 GPUs per replica take a sharded engine: tensor-parallel 8
+            "tensorParallelSize": 8,
             "gpusPerReplica": 8,
             "nodeSelector": {"rljob.io/pool": "rollout"},
             "tolerations": GPU_TOLERATION,

@@ -44,7 +44,7 @@ from e2e_elastic import (
     scored_by_replica,
     write_judged_data,
 )
-from e2e_faults import Fault, FaultRun, fault_job, fault_table
+from e2e_faults import Fault, FaultRun, child_generations, each_restart_told_once, fault_job, fault_table
 from e2e_prometheus import Prometheus, Window, empty_panels, scrape_configs, service_monitors
 from e2e_real import (
     cluster_job,
@@ -232,13 +232,32 @@ def test_reward_pool_grows_and_shrinks_with_its_backlog(setup: Setup) -> None:
     """A judge that slows down 60x from step 12 to 36: the elastic job's reward backlog grows, the driver asks for
     more replicas, the operator raises the reward worker group, KubeRay starts pods, their replicas take
     samples; once the judge is fast again a replica is drained and its pod goes while the run trains on.
-    The same job with a fixed pool at the maximum beside it: reward pod-seconds and time, both ledgers clean."""
+    The same job with a fixed pool at the maximum runs beside it, at the same time on the same node (so both
+    see the same machine): reward pod-seconds and time, both ledgers clean."""
     write_judged_data(setup.assets, ELASTIC_STEPS, SLOW)
+    started = {name: _start_judged(setup, name, replicas) for name, replicas in POOLS.items()}
     runs, watches, logs, scaled = {}, {}, {}, {}
-    for name, replicas in POOLS.items():
-        runs[name], watches[name], logs[name], scaled[name] = _judged_run(setup, name, replicas)
-        print(f"\n{name} reward pool {replicas}:\n  " + "\n  ".join(watches[name].changes()), flush=True)
-        print("  " + "\n  ".join(watches[name].start_lines() + scaling_lines(logs[name])), flush=True)
+    ended: dict[str, float] = {}  # when each was first seen ended
+
+    def both_ended() -> bool:
+        for name in POOLS:
+            if name not in ended and _ended(_status(setup.cluster, name)):
+                ended[name] = time.monotonic()
+        return len(ended) == len(POOLS)
+
+    try:
+        wait_for("both judged jobs to end", both_ended, timeout=TIMEOUT, every=1.0)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{diagnose(setup.cluster, NS)}") from None
+    finally:
+        for _, watch_, _, _ in started.values():
+            watch_.stop()
+    for name, (job, watch_, begun, applied) in started.items():
+        runs[name], logs[name], scaled[name] = _finish_judged(setup, name, job, watch_, ended[name] - begun)
+        setup.ran(name, applied)
+        watches[name] = watch_
+        print(f"\n{name} reward pool {POOLS[name]}:\n  " + "\n  ".join(watch_.changes()), flush=True)
+        print("  " + "\n  ".join(watch_.start_lines() + scaling_lines(logs[name])), flush=True)
     elastic, fixed = runs["elastic"], runs["fixed"]
     print("\n" + elastic_table(elastic, fixed))
     grown = watches["elastic"]
@@ -254,24 +273,22 @@ def test_reward_pool_grows_and_shrinks_with_its_backlog(setup: Setup) -> None:
     assert not scaled["fixed"], scaled["fixed"]
 
 
-def _judged_run(
-    setup: Setup, name: str, replicas: tuple[int, int]
-) -> tuple[PoolRun, PoolWatch, str, list[tuple[int, int]]]:
-    """Apply the judged job, watch its reward pods until it ends, check its ledger, delete it. Also returns
-    the reward scalings (from, to) `kubectl describe rlj` shows."""
-    cluster = setup.cluster
+def _start_judged(setup: Setup, name: str, replicas: tuple[int, int]) -> tuple[dict[str, Any], PoolWatch, float, float]:
+    """Apply the judged job and start watching its reward pods: (the job, its watch, when it was applied on the
+    monotonic clock and on the wall clock)."""
     job = judged_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"], name, ELASTIC_STEPS, replicas)
-    started, applied = time.monotonic(), time.time()
-    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
-    watch_ = PoolWatch(cluster, NS, name).start()
-    try:
-        status = wait_for(f"{name} to end", lambda: _ended(_status(cluster, name)), timeout=TIMEOUT, every=1.0)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{diagnose(cluster, NS)}") from None
-    finally:
-        watch_.stop()
-    wall = time.monotonic() - started
-    setup.ran(name, applied)
+    begun, applied = time.monotonic(), time.time()
+    setup.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
+    return job, PoolWatch(setup.cluster, NS, name).start(), begun, applied
+
+
+def _finish_judged(
+    setup: Setup, name: str, job: dict[str, Any], watch_: PoolWatch, wall: float
+) -> tuple[PoolRun, str, list[tuple[int, int]]]:
+    """The ended judged job: its run (pod-seconds, s/step, wall, scores by replica), its driver's log and the
+    reward scalings (from, to) `kubectl describe rlj` shows, its ledger checked; then delete it."""
+    cluster = setup.cluster
+    status = _status(cluster, name)
     assert status["phase"] == "Succeeded", diagnose(cluster, NS)
     driver_log = cluster.kubectl("logs", "-n", NS, f"job/{name}-driver").stdout
     books = read_ledger(setup.runs / name / "metrics.jsonl", ELASTIC_STEPS, job["spec"]["algorithm"]["promptsPerStep"])
@@ -281,8 +298,7 @@ def _judged_run(
     scaled = [(int(a), int(b)) for a, b in re.findall(r"RewardScaled\s.*reward replicas (\d+) -> (\d+)", described)]
     cluster.kubectl("delete", "rlj", name, "-n", NS, "--wait=true", "--timeout=120s")
     wait_gone(cluster, NS, f"rljob.io/job={name}", "pods")
-    run = PoolRun(name, watch_.pod_seconds(), per_step, wall, scored_by_replica(driver_log))
-    return run, watch_, driver_log, scaled
+    return PoolRun(name, watch_.pod_seconds(), per_step, wall, scored_by_replica(driver_log)), driver_log, scaled
 
 
 def _status(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -315,12 +331,12 @@ def test_pods_that_die_come_back_and_nothing_is_lost(setup: Setup) -> None:
     faults = []
     try:
         for target in FAULTS:
-            generations = _generations(cluster) if target == "operator" else {}
+            generations = child_generations(cluster, NS, FAULT_JOB) if target == "operator" else {}
             faults.append(run.inject(Fault(target, run.step() + SPACING)))
             print(f"{target} pod deleted at step {faults[-1].step}: detected {faults[-1].detect:.1f}s, "
                   f"recovered {faults[-1].recover:.1f}s", flush=True)  # fmt: skip
             if target == "operator":  # the new one adopted the job and rewrote none of its children
-                assert _generations(cluster) == generations
+                assert child_generations(cluster, NS, FAULT_JOB) == generations
         status = wait_for("the run to end", lambda: _ended(run.status()), timeout=TIMEOUT)
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{diagnose(cluster, NS)}") from None
@@ -340,36 +356,8 @@ def test_pods_that_die_come_back_and_nothing_is_lost(setup: Setup) -> None:
     assert driver.get("status", {}).get("failed") == 1, driver.get("status")  # the deleted driver, retried once
     print("\n" + fault_table(faults, books.prompts_lost, books.trained_twice, books.scored_twice, status["phase"]))
     assert books.clean, (books.prompts_lost, books.trained_twice, books.scored_twice)
-    _each_restart_told_once(cluster, status)
+    each_restart_told_once(cluster, NS, FAULT_JOB, status)
     cluster.kubectl("delete", "rlj", FAULT_JOB, "-n", NS, "--wait=true", "--timeout=120s")
-
-
-def _each_restart_told_once(cluster: Cluster, status: dict[str, Any]) -> None:
-    """status.restarts counts each replacement once (the operator was replaced meanwhile, and the driver),
-    and `kubectl describe rlj` shows an Event for each."""
-    restarts = status.get("restarts") or {}
-    counts = {pool: restarts.get(pool) for pool in ("rollout", "reward", "trainer", "driver")}
-    assert counts == {"rollout": 1, "reward": 1, "trainer": 1, "driver": 1}, restarts
-    reasons = ("ReplicaReplaced", "TrainerRestarted", "DriverRestarted")
-    told = [e for e in cluster.events(NS, FAULT_JOB) if e["reason"] in reasons]
-    counts = {reason: [e["reason"] for e in told].count(reason) for reason in reasons}
-    assert counts == {"ReplicaReplaced": 2, "TrainerRestarted": 1, "DriverRestarted": 1}, [e["message"] for e in told]
-    described = cluster.kubectl("describe", "rlj", FAULT_JOB, "-n", NS).stdout
-    for what in ("rollout replica", "reward replica", "trainer group lost", "driver pod 1 failed"):
-        assert what in described, described[-3000:]
-    print("events:\n" + "\n".join(f"  {e['reason']}: {e['message']}" for e in told))
-
-
-def _generations(cluster: Cluster) -> dict[str, Any]:
-    """The generation of each child the operator writes (a rewrite of its spec would bump it)."""
-    found: dict[str, tuple[Any, ...]] = {}
-    for kind, name in (("raycluster", f"{FAULT_JOB}-ray"), ("job", f"{FAULT_JOB}-driver"),
-                       ("networkpolicy", f"{FAULT_JOB}-pods"), ("configmap", f"{FAULT_JOB}-config")):  # fmt: skip
-        obj = cluster.get(kind, name, NS) or {}
-        found[kind] = (obj.get("metadata") or {}).get("generation"), (obj.get("metadata") or {}).get("resourceVersion")
-    found["raycluster"] = found["raycluster"][:1]  # KubeRay writes its status (a new resourceVersion)
-    found["job"] = found["job"][:1]  # so does the Job controller
-    return found
 
 
 def _ended(status: dict[str, Any]) -> dict[str, Any] | None:

@@ -49,7 +49,12 @@ def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str
     [
         ({"reward": {**ARITHMETIC["spec"]["reward"], "replicas": {"min": 4, "max": 2}}}, "spec.reward.replicas", "min"),
         ({"rollout": {**ARITHMETIC["spec"]["rollout"], "replicaz": 2}}, "spec.rollout.replicaz", "not declared"),
-        ({"rollout": {**ARITHMETIC["spec"]["rollout"], "engine": "vllm"}}, "spec.rollout", "gpusPerReplica"),
+        (
+            {"rollout": {**ARITHMETIC["spec"]["rollout"], "engine": "vllm", "gpusPerReplica": 8}},
+            "spec.rollout",
+            "gpusPerReplica",
+        ),
+        ({"rollout": {**ARITHMETIC["spec"]["rollout"], "engine": "sglang"}}, "spec.rollout", "sglang"),
         ({"algorithm": {**ARITHMETIC["spec"]["algorithm"], "miniBatches": 3}}, "spec.algorithm", "miniBatches"),
         ({"reward": {**ARITHMETIC["spec"]["reward"], "dispatch": "later"}}, "spec.reward.dispatch", "later"),
         (
@@ -72,17 +77,60 @@ def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str
             "spec.reward",
             "waitTimeoutSeconds applies only with onError: wait",
         ),
+        (
+            {"algorithm": {**ARITHMETIC["spec"]["algorithm"], "name": "rloo", "scaleRewardsByStd": True}},
+            "spec.algorithm",
+            "scaleRewardsByStd applies to advantageEstimator group-relative only",
+        ),
+        (
+            {"algorithm": {**ARITHMETIC["spec"]["algorithm"], "name": "grpo", "klIn": "reward"}},
+            "spec.algorithm",
+            "klIn reward needs advantageEstimator batch-normalized",
+        ),
+        (
+            {"algorithm": {**ARITHMETIC["spec"]["algorithm"], "name": "dapo", "lossNormTokens": 5}},
+            "spec.algorithm",
+            "lossNormTokens applies to lossAggregation token-sum-norm only",
+        ),
+        (
+            {"algorithm": {**ARITHMETIC["spec"]["algorithm"], "dynamicSampling": {"maxExtraGroups": 4}}},
+            "spec.algorithm",
+            "maxExtraGroups applies only with dynamicSampling.enabled",
+        ),
+        (
+            {"algorithm": {**ARITHMETIC["spec"]["algorithm"], "name": "dapo", "overlong": {"bufferTokens": 9}}},
+            "spec",
+            "bufferTokens must not exceed rollout.sampling.maxNewTokens",
+        ),
+        (
+            {"rollout": {**ARITHMETIC["spec"]["rollout"], "engine": "vllm", "sampling": {"topP": 0.9}}},
+            "spec.rollout",
+            "vllm needs sampling.topP 1 and topK 0",
+        ),
+        (
+            {"rollout": {**ARITHMETIC["spec"]["rollout"], "weightUpdate": "inflight"}},
+            "spec.rollout",
+            "the hf engine takes weights by drain only",
+        ),
     ],
     ids=[
         "reward-min-gt-max",
         "unknown-field",
-        "engine-needs-gpus",
+        "gpus-the-engines-leave-idle",
+        "sglang-on-cpu",
         "mini-batches",
         "unknown-dispatch",
         "judge-only-rule",
         "only-judges",
         "greedy-rollout",
         "wait-timeout-without-wait",
+        "std-scaling-outside-group-relative",
+        "kl-in-reward-without-batch-normalized",
+        "norm-tokens-without-token-sum-norm",
+        "extra-groups-without-dynamic-sampling",
+        "overlong-buffer-past-max-new-tokens",
+        "vllm-with-top-p",
+        "hf-in-flight",
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(

@@ -119,6 +119,8 @@ def test_insufficient_gpus_is_degraded(cluster: Cluster, operator: OperatorProce
     rollout = {
         **ARITHMETIC["spec"]["rollout"],
         "replicas": 2,
+        "engine": "vllm",
+        "tensorParallelSize": 8,
         "gpusPerReplica": 8,
         "nodeSelector": {"rljob.io/pool": "rollout"},
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],

@@ -150,6 +150,15 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in complete if line.strip()]
 
 
+def first_reaching(records: list[dict[str, Any]], target: float, window: int) -> dict[str, Any] | None:
+    """The first step whose last `window` steps' mean reward is `target` or more (None: none yet). The first,
+    not the last: a run stopped once it reached the target still finishes the step under way."""
+    for end in range(window, len(records) + 1):
+        if sum(r["reward_mean"] for r in records[end - window : end]) / window >= target:
+            return records[end - 1]
+    return None
+
+
 def plot_rewards(jsonl: Path, png: Path, title: str = "") -> Path:
     """The reward curve of a run (mean and std band per step) as a PNG. Figure, not pyplot: no global
     state, so it may draw in a thread, and no pyplot import (a second here)."""
