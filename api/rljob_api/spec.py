@@ -12,6 +12,7 @@ from .placement import SecurityContext, VolumeSource
 from .pools import RolloutSpec, TrainerSpec
 from .reward import RewardSpec
 from .status import RLJobStatus
+from .tracking import LoggingSpec
 
 GROUP = "rljob.io"
 VERSION = "v1alpha1"
@@ -121,6 +122,9 @@ class RLJobSpec(Model):
     reward: RewardSpec = Field(description="The reward pool and functions.")
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="The checkpoint engine.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    logging: LoggingSpec = Field(
+        default_factory=LoggingSpec, description="Experiment trackers and sample logs of the run."
+    )
     suspend: bool = Field(False, description="Tear the pools down, keeping the checkpoint; false resumes from it.")
     image: str = Field(
         DEFAULT_IMAGE,

@@ -16,6 +16,7 @@ from .base import Model
 from .pools import Engine, SamplingSpec, WeightUpdate
 from .reward import OnError, ReplicaRange, RewardDispatch, RewardFunction, ScalingSpec
 from .spec import CheckpointSpec, DataSpec, RLJob, RLJobSpec, WeightSyncSpec
+from .tracking import LoggingSpec
 
 Pool = Literal["rollout", "trainer", "reward"]
 POOLS: tuple[Pool, ...] = ("rollout", "trainer", "reward")
@@ -122,6 +123,7 @@ class ControllerConfig(Model):
     reward_dispatch: RewardDispatch
     weight_sync: WeightSyncSpec
     checkpoint: CheckpointSpec
+    logging: LoggingSpec
     max_restarts: dict[Pool, int]  # per pool: replicas replaced in one run before it fails
 
 
@@ -171,6 +173,7 @@ def _controller_config(job: RLJob, algorithm: Algorithm) -> ControllerConfig:
         reward_dispatch=spec.reward.dispatch,
         weight_sync=spec.weight_sync,
         checkpoint=spec.checkpoint,
+        logging=spec.logging,
         max_restarts={
             "rollout": spec.rollout.max_restarts,
             "reward": spec.reward.max_restarts,
