@@ -10,6 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum |
 EXAMPLE ?= examples/arithmetic.yaml
 MODEL_DIR ?= .cache/models/tiny-arith
 DATA_FILE ?= .cache/data/arithmetic-train.jsonl
+EVAL_FILE ?= .cache/data/arithmetic-eval.jsonl
 # Each phase says how long it took (and, under .ci/run, adds a row to its table of phases).
 PHASE := bash .ci/phase
 # The tests that can share the machine run on WORKERS processes (pytest-xdist, a file per worker at a
@@ -32,7 +33,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $@
 
 model: setup
-	$(BIN)/rljob make-model --task arithmetic --out $(MODEL_DIR) --data $(DATA_FILE)
+	$(BIN)/rljob make-model --task arithmetic --out $(MODEL_DIR) --data $(DATA_FILE) --eval-data $(EVAL_FILE)
 
 run: model
 	$(BIN)/rljob run $(EXAMPLE)

@@ -87,6 +87,24 @@ def example_model() -> Path:
         return make_tiny_model(folder)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def example_eval_split() -> Path:
+    """The shipped example's held-out eval split where the example names it (.cache/data/arithmetic-eval.jsonl,
+    relative to the repository, where tests run), as `make model` writes it: a run of the example finds it,
+    whatever data it trains on. Written once, whole (under a file lock, then renamed into place)."""
+    from filelock import FileLock
+
+    from rljob_workers.tasks.arithmetic import held_out_problems, make_problems, write_jsonl
+
+    path = REPO / yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())["spec"]["data"]["eval"]["path"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{path}.lock"):
+        if not path.exists():  # `rljob make-model --eval-data`'s split, with its default seed and sizes
+            held_out = held_out_problems(100, seed=20_000, train=make_problems(4096, seed=10_000))
+            os.replace(write_jsonl(path.with_suffix(".part"), held_out), path)
+    return path
+
+
 @pytest.fixture
 def example_doc() -> dict:
     """The shipped example as a plain document, for tests to break."""

@@ -165,6 +165,7 @@ def test_rljob_validate_prints_the_algorithm_the_job_will_run(
     assert "lossNormTokens 5, " in line and "overlong.bufferTokens 1, " in line  # maxNewTokens 5 follows
 
 
-def test_the_readme_quotes_the_references_preset_table() -> None:
+def test_the_algorithms_guide_quotes_the_references_preset_table() -> None:
     table = "\n".join(line for line in presets_markdown() if line.startswith("|"))
-    assert table in (REPO / "README.md").read_text(), "README's algorithm table differs from docs/reference.md's"
+    guide = (REPO / "docs" / "algorithms.md").read_text()
+    assert table in guide, "docs/algorithms.md's preset table differs from docs/reference.md's"

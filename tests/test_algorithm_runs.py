@@ -31,7 +31,7 @@ from conftest import REPO, kill_process_tree
 pytestmark = pytest.mark.ray
 
 TARGET, WINDOW = 0.8, 5
-# Most steps each preset may take to reach TARGET (benchmarks/algorithms, 3 seeds: README), and the
+# Most steps each preset may take to reach TARGET (benchmarks/algorithms, 3 seeds: benchmarks/README.md), and the
 # settings beside the preset where the example's do not suit it.
 BUDGETS: dict[str, tuple[int, dict[str, Any]]] = {
     "grpo": (70, {}),

@@ -210,6 +210,11 @@ BAD_SPECS: list[tuple[str, Mutation, str]] = [
         "spec.reward.waitTimeoutSeconds: applies only with onError: wait, not fail",
     ),
     (
+        "read-only checkpoint volume",
+        _set("spec.checkpoint.volume", {"claimName": "runs", "mountPath": "/runs", "readOnly": True}),
+        "spec.checkpoint.volume.readOnly: checkpoints are written to this volume; set false (the default)",
+    ),
+    (
         "nccl without gpus",
         _set("spec.weightSync.backend", "nccl"),
         "spec.weightSync.backend: nccl needs GPUs in the rollout and trainer pools",

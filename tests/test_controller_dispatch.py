@@ -24,7 +24,7 @@ from rljob.v1 import rollout_service_pb2 as rollout_pb
 from rljob.v1 import sample_pb2
 from rljob_api import parse_rljob
 from rljob_api.workercfg import derive_worker_configs
-from rljob_workers.driver.controller.data import PromptSource
+from rljob_workers.driver.controller.data import PromptSource, Row
 from rljob_workers.driver.controller.loop import Controller
 from rljob_workers.driver.controller.report import RunFailed, StepReport
 from rljob_workers.driver.controller.status import RunView
@@ -148,7 +148,7 @@ def make_controller(
 
     return Controller(
         config=config,
-        prompts=PromptSource([(f"q{i}", {"answer": "1"}) for i in range(40)], seed=0),
+        prompts=PromptSource([Row(f"q{i}", {"answer": "1"}) for i in range(40)], seed=0),
         rollout=FakeRollout(log, version),  # type: ignore[arg-type]
         scorer=scorer or FakeScorer(log),
         trainer=FakeTrainer(log),

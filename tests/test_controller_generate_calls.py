@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from rljob_workers.driver.controller.data import PromptSource
+from rljob_workers.driver.controller.data import PromptSource, Row
 from rljob_workers.driver.controller.loop import Controller
 from rljob_workers.driver.controller.rollout_clients import RolloutClients
 from rljob_workers.driver.reward_router import RewardRouter
@@ -54,7 +54,7 @@ async def run_job(steps: int, per_step: int, group: int, max_in_flight: int) -> 
         await router.add_replica("reward-0", f"127.0.0.1:{reward.port}")
         controller = Controller(
             config=configs.controller,
-            prompts=PromptSource([(f"{i}+{i}=", {"answer": str(2 * i)}) for i in range(256)], seed=0),
+            prompts=PromptSource([Row(f"{i}+{i}=", {"answer": str(2 * i)}) for i in range(256)], seed=0),
             rollout=clients,
             scorer=router,
             trainer=trainer,

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from rljob_workers.driver.controller.data import DataError, Prompt, PromptSource, load_prompts
+from rljob_workers.driver.controller.data import DataError, Prompt, PromptSource, Row, load_prompts
 from rljob_workers.driver.controller.groups import GroupTracker, Sample, dispatch_allowed, staleness
 
 
 def _source(n: int = 5, seed: int = 3) -> PromptSource:
-    return PromptSource([(f"p{i}", {"answer": str(i)}) for i in range(n)], seed=seed)
+    return PromptSource([Row(f"p{i}", {"answer": str(i)}) for i in range(n)], seed=seed)
 
 
 def test_epochs_cover_every_prompt_once_in_seeded_order():

@@ -27,7 +27,7 @@ from rljob_api.workercfg import derive_worker_configs
 from rljob_operator.observe import Observed
 from rljob_operator.status import compute_status
 from rljob_workers.driver.controller.batch import informative, train_batch
-from rljob_workers.driver.controller.data import Prompt, PromptSource
+from rljob_workers.driver.controller.data import Prompt, PromptSource, Row
 from rljob_workers.driver.controller.groups import Group, Sample
 from rljob_workers.driver.controller.loop import Controller
 from rljob_workers.driver.controller.report import Counts, NothingToLearn, StepReport
@@ -78,7 +78,7 @@ def dynamic_run(flat: Callable[[int], bool], steps: int, per_step: int = 3, n: i
     rollout = FakeRollout(log, version)
     controller = Controller(
         config=config,
-        prompts=PromptSource([(f"q{i}", {"answer": "1"}) for i in range(200)], seed=0, shuffle=False),
+        prompts=PromptSource([Row(f"q{i}", {"answer": "1"}) for i in range(200)], seed=0, shuffle=False),
         rollout=rollout,  # type: ignore[arg-type]
         scorer=RowScorer(flat),
         trainer=FakeTrainer(log),

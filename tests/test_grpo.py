@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rljob_workers.trainer.grpo import (
+    entropy_sum,
     grpo_loss,
     kl_penalty,
     masked_mean,
@@ -243,6 +244,26 @@ def test_token_logprobs_upcasts_half_precision() -> None:
     assert out.dtype == torch.float32
     with pytest.raises(ValueError, match="temperature"):
         token_logprobs(logits, torch.zeros(2, 4, dtype=torch.long), temperature=0.0)
+
+
+def test_entropy_sum_by_hand_over_kept_positions_only() -> None:
+    """Uniform over 4 tokens: ln 4 nats; a -inf logit is a token never drawn (0, not NaN); masked rows count not."""
+    logits = torch.tensor([[[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, float("-inf"), float("-inf")], [9.0, 0.0, 0.0, 0.0]]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    assert entropy_sum(logits, mask) == pytest.approx(LN(4.0) + LN(2.0))
+    # Temperature flattens the distribution the sampler draws from: the masked-in one-sided row gains entropy.
+    peaked = torch.tensor([[[4.0, 0.0]]])
+    one = torch.ones(1, 1)
+    assert 0.0 < entropy_sum(peaked, one) < entropy_sum(peaked, one, temperature=4.0) < LN(2.0)
+
+
+def test_entropy_sum_in_chunks_matches_whole() -> None:
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 11, generator=gen)
+    mask = (torch.rand(3, 5, generator=gen) > 0.3).float()
+    log_p = torch.log_softmax(logits / 0.7, -1)
+    expected = float((-(log_p.exp() * log_p).sum(-1) * mask).sum())
+    assert entropy_sum(logits, mask, 0.7, chunk_rows=2) == pytest.approx(expected, rel=1e-5)
 
 
 # --- the gradient points the right way -----------------------------------------------

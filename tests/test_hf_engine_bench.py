@@ -1,6 +1,6 @@
 """benchmarks/hf_engine/run.py, run small: the engine's log-probs cost about what plain `generate` holds,
 where keeping every step's logits (the engine's old way) grows with tokens x vocabulary. The speed is
-printed, not asserted: on a shared 2-core machine it moves with the load (see the README's figures)."""
+printed, not asserted: on a shared 2-core machine it moves with the load (see benchmarks/README.md's figures)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The house plan, checked on the source: imports point down, never in a circle.
 
-`workers/rljob_workers` is split by the process each part runs in (README, "Layout"): the
+`workers/rljob_workers` is split by the process each part runs in (CONTRIBUTING.md, "Layout"): the
 driver may import every pool server's entry points; a pool server imports only the packages
 under it. Every import counts, the ones inside functions and under TYPE_CHECKING too: a lazy
 import is still an arrow, and a circle through one is still a circle.
@@ -123,7 +123,7 @@ def test_workers_import_only_downward():
     graph = import_graph(REPO / "workers")
     assert forbidden_arrows(graph) == []
     packages = {_package(m) for m in graph} - {""}
-    assert packages == set(ALLOWED), "a new package needs its place in ALLOWED and in the README's layout"
+    assert packages == set(ALLOWED), "a new package needs its place in ALLOWED and in CONTRIBUTING.md's layout"
 
 
 def _tree(root: Path, files: Mapping[str, str]) -> Path:

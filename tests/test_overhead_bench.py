@@ -1,6 +1,6 @@
 """benchmarks/overhead/run.py, run short: the one-process loop and `rljob run` of the same spec each
 train as their own process, and the table compares them row by row (the figures themselves are the
-benchmark's, quoted in the README from a full run)."""
+benchmark's, quoted in benchmarks/README.md from a full run)."""
 
 from __future__ import annotations
 

@@ -44,3 +44,32 @@ def test_metrics_endpoint_serves_sync_time_reward_backlog_and_replicas() -> None
     assert got[("rljob_reward_replicas", (("state", "desired"),))] == 3
     assert got[("rljob_reward_replicas", (("state", "ready"),))] == 2
     assert got[("rljob_samples_total", (("outcome", "scored"),))] == 250  # counted once across reports
+
+
+def test_training_signals_are_gauges_and_a_kl_never_computed_is_not_exported() -> None:
+    """The trainer's loss terms and the samples' lengths and per-function rewards, from the step's report; with
+    klCoef 0 there is no reference, so no KL to it (rather than a KL of 0)."""
+    metrics = RunMetrics("demo")
+    report = _report(3, 0.1, Counts())
+    report.train_metrics = {
+        "policy_loss": -0.5,
+        "approx_kl": 0.01,
+        "clip_fraction": 0.2,
+        "grad_norm": 2.0,
+        "entropy": 1.5,
+    }
+    report.response_length_mean, report.response_length_max = 3.5, 5
+    report.reward_by_function = {"exact-match": 0.75, "format": 1.0}
+    metrics.update(report)
+    port = metrics.serve(0)
+    try:
+        got = _scrape(port)
+    finally:
+        metrics.close()
+    assert got[("rljob_policy_loss", ())] == -0.5
+    assert got[("rljob_kl", (("to", "behaviour"),))] == 0.01
+    assert ("rljob_kl", (("to", "reference"),)) not in got
+    assert got[("rljob_entropy", ())] == 1.5
+    assert got[("rljob_response_length_tokens", (("stat", "max"),))] == 5
+    assert got[("rljob_reward_function_mean", (("function", "format"),))] == 1.0
+    assert got[("rljob_reward_function_mean", (("function", "exact-match"),))] == 0.75

@@ -3,7 +3,15 @@
 from .algorithm import Algorithm, AlgorithmSpec, DynamicSamplingSpec, OverlongSpec, resolve_algorithm
 from .base import FieldRuleError, Model
 from .load import FieldError, RLJobInvalid, load_rljob, parse_rljob
-from .placement import Placement, Resources, SecurityContext, Toleration, VolumeSource
+from .placement import (
+    CheckpointVolumeSource,
+    LocalObjectReference,
+    Placement,
+    Resources,
+    SecurityContext,
+    Toleration,
+    VolumeSource,
+)
 from .pools import JudgeSamplingSpec, RolloutSpec, SamplingSpec, TrainerSpec
 from .reward import (
     DisRMReward,
@@ -43,6 +51,7 @@ __all__ = [
     "Algorithm",
     "AlgorithmSpec",
     "CheckpointSpec",
+    "CheckpointVolumeSource",
     "Condition",
     "DataSpec",
     "DisRMReward",
@@ -51,6 +60,7 @@ __all__ = [
     "FieldRuleError",
     "GenRMReward",
     "JudgeSamplingSpec",
+    "LocalObjectReference",
     "Model",
     "ModelSpec",
     "ObjectMeta",

@@ -17,6 +17,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Step", "type": "integer", "jsonPath": ".status.step"},
     {"name": "Version", "type": "integer", "jsonPath": ".status.policyVersion", "priority": 1},
     {"name": "Reward", "type": "number", "jsonPath": ".status.reward.mean"},
+    {"name": "Eval-Reward", "type": "number", "jsonPath": ".status.eval.rewardMean", "priority": 1},
     {"name": "Staleness", "type": "number", "jsonPath": ".status.staleness.mean", "priority": 1},
     {"name": "Reward-Replicas", "type": "integer", "jsonPath": ".status.pools.reward.ready"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

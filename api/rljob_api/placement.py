@@ -10,6 +10,27 @@ from .base import FieldRuleError, Model, cel, cel_rules
 
 # A Kubernetes quantity: "500m", "16Gi", 4.
 Quantity = str | int
+# A whole number of bytes with an optional suffix, as a /dev/shm size: 512Mi, 8Gi, 1000000.
+SHM_SIZE_PATTERN = r"^[1-9][0-9]*(Ki|Mi|Gi|Ti|k|M|G|T)?$"
+# /dev/shm defaults (Placement.shmSize). Memory-backed: a page counts against the pod's memory only once
+# written, so the size is a cap, not a reservation; too small a cap fails a write, too large one costs nothing
+# unwritten. NCCL keeps its intra-node buffers between the ranks of a pod there (NVIDIA advises at least
+# 1 GiB for a container). The vLLM adapter stages a pulled policy version there whole, as a safetensors
+# file (engines/vllm.py, HANDOFF_DIR: 2 bytes a parameter), and vLLM's and SGLang's worker processes
+# exchange inputs through shared-memory queues: 32 GiB per GPU holds the weights of a model that fills up
+# to ~40% of 80 GB GPUs (e.g. 70B on 4+, 32B on 2, 14B on 1); 4 GiB at least (a small model on the CPU).
+# Everything else (torch's inter-process tensors, Ray's small objects) fits well under 256 MiB.
+SHM_PER_GPU_GIB = 1
+SHM_ENGINE_PER_GPU_GIB = 32
+SHM_ENGINE_MIN_GIB = 4
+SHM_SMALL = "256Mi"
+
+
+def default_shm_size(gpus: int, engine: str | None = None) -> str:
+    """The /dev/shm size of a pod with `gpus` GPUs (and, for rollout, its engine) when the spec sets none."""
+    if engine in ("vllm", "sglang"):
+        return f"{max(SHM_ENGINE_PER_GPU_GIB * gpus, SHM_ENGINE_MIN_GIB)}Gi"
+    return f"{SHM_PER_GPU_GIB * gpus}Gi" if gpus > 1 else SHM_SMALL
 
 
 class Toleration(Model):
@@ -41,12 +62,54 @@ class Resources(Model):
     limits: dict[str, Quantity] = Field(default_factory=dict, description="Resource limits.")
 
 
-class VolumeSource(Model):
-    """A PersistentVolumeClaim mounted into the pods that need it (model weights, data, checkpoints)."""
+# What a claim mounted by pods on more than one node needs (the operator checks the claim's access modes):
+# every pool pod and the driver mount the job's claims, and Kubernetes attaches a ReadWriteOnce claim to
+# one node only, a ReadWriteOncePod claim to one pod only.
+_ACCESS_MODES = (
+    "Every pool pod and the driver mount it, so pods on more than one node need access mode {mode} "
+    "(ReadWriteOnce serves the pods of one node). When the spec spreads the pods (a pool of more than one "
+    "replica or node, or pools selecting different nodes) and the claim lacks the mode, the operator says so "
+    "in the VolumesReady condition and a Warning Event."
+)
 
-    claim_name: str = Field(description="Name of the PersistentVolumeClaim.", min_length=1, max_length=253)
+
+class VolumeSource(Model):
+    """A PersistentVolumeClaim mounted into the pods that need it (model weights, data)."""
+
+    claim_name: str = Field(
+        description="Name of the PersistentVolumeClaim. " + _ACCESS_MODES.format(mode="ReadOnlyMany or ReadWriteMany"),
+        min_length=1,
+        max_length=253,
+    )
     mount_path: str = Field("/mnt/rljob", description="Where the claim is mounted in the pods.", max_length=4096)
     read_only: bool = Field(True, description="Mount read-only.")
+
+
+class CheckpointVolumeSource(VolumeSource):
+    """The claim the checkpoints are written to (by trainer rank 0) and read from (by the driver, on resume)."""
+
+    claim_name: str = Field(
+        description="Name of the PersistentVolumeClaim. " + _ACCESS_MODES.format(mode="ReadWriteMany"),
+        min_length=1,
+        max_length=253,
+    )
+    read_only: bool = Field(False, description="Must be false: checkpoints are written here.")
+
+    @model_validator(mode="after")
+    def _writable(self) -> CheckpointVolumeSource:
+        if self.read_only:
+            raise FieldRuleError("readOnly", "checkpoints are written to this volume; set false (the default)")
+        return self
+
+    model_config = {
+        "json_schema_extra": cel_rules(cel("!self.readOnly", "readOnly must be false: checkpoints are written here"))
+    }
+
+
+class LocalObjectReference(Model):
+    """A Secret in the job's namespace, by name."""
+
+    name: str = Field(description="Name of the Secret.", min_length=1, max_length=253)
 
 
 class SecurityContext(Model):
@@ -121,6 +184,17 @@ class Placement(Model):
     )
     resources: Resources = Field(default_factory=Resources, description="Extra resource requests and limits.")
     cpus: float = Field(1.0, description="CPU cores each replica needs (also its Ray CPU resource).", gt=0)
+    shm_size: str | None = Field(
+        None,
+        description=(
+            "Size of the pool's /dev/shm (a memory-backed emptyDir; the container runtime's own is 64 MiB), e.g. "
+            "8Gi. Unset: for the rollout engines vllm and sglang 32Gi per GPU, at least 4Gi (a replica stages a "
+            "pulled policy version there whole: 2 bytes a parameter); else 1Gi per GPU of a pod with several "
+            "(NCCL's buffers between local ranks), or 256Mi. A cap, not a request: what is written there counts "
+            "against the pod's memory limit (set memory in resources with room for it)."
+        ),
+        pattern=SHM_SIZE_PATTERN,
+    )
     max_restarts: int = Field(
         3,
         description=(

@@ -19,9 +19,22 @@ class _Sampling(Model):
         1.0, description="Softmax temperature; 0 decodes greedily (topP and topK then do nothing).", ge=0
     )
     top_p: float = Field(
-        1.0, description="Nucleus sampling mass; 1 disables it. Rollout with vllm: 1 only (hf serves any).", gt=0, le=1
+        1.0,
+        description=(
+            "Nucleus sampling mass; 1 disables it. Rollout on engine vllm refuses any other value (vLLM reports "
+            "log-probs after the cut, which the trainer cannot recompute); engine hf serves any."
+        ),
+        gt=0,
+        le=1,
     )
-    top_k: int = Field(0, description="Top-k cutoff; 0 disables it. Rollout with vllm: 0 only (hf serves any).", ge=0)
+    top_k: int = Field(
+        0,
+        description=(
+            "Top-k cutoff; 0 disables it. Rollout on engine vllm refuses any other value (vLLM reports log-probs "
+            "after the cut, which the trainer cannot recompute); engine hf serves any."
+        ),
+        ge=0,
+    )
     max_new_tokens: int = Field(256, description="Most tokens generated per completion.", ge=1, le=131072)
     stop: list[str] = Field(default_factory=list, description="Strings that end a completion.", max_length=16)
 

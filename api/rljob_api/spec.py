@@ -8,7 +8,8 @@ from pydantic import ConfigDict, Field, model_validator
 
 from .algorithm import AlgorithmSpec
 from .base import IMMUTABLE, FieldRuleError, Model, cel, cel_rules
-from .placement import SecurityContext, VolumeSource
+from .evaluation import EvalSpec
+from .placement import CheckpointVolumeSource, LocalObjectReference, SecurityContext, VolumeSource
 from .pools import RolloutSpec, TrainerSpec
 from .reward import RewardSpec
 from .status import RLJobStatus
@@ -64,10 +65,65 @@ class DataSpec(Model):
         description="Further fields passed to reward functions (e.g. answer).",
         max_length=64,
     )
+    messages_field: str | None = Field(
+        None,
+        description=(
+            "Field of each line holding a chat conversation, a list of {role, content} messages, instead of "
+            "promptField's text; rendered with the model's chat template, which the model must have."
+        ),
+        min_length=1,
+        max_length=253,
+    )
+    system_prompt: str | None = Field(
+        None,
+        description=(
+            "System message put before every prompt that has none of its own (plain text or messages); "
+            "needs the chat template."
+        ),
+        min_length=1,
+        max_length=65536,
+    )
+    chat_template: Literal["auto", "off"] = Field(
+        "auto",
+        description=(
+            "auto: each prompt is rendered with the model's chat template (apply_chat_template with the "
+            "generation prompt) when its tokenizer has one, plain text as a user message; without a template "
+            "plain text goes to the model as it is. off: plain text as it is, always."
+        ),
+    )
     shuffle: bool = Field(True, description="Shuffle prompts each epoch (seeded by algorithm.seed).")
     volume: VolumeSource | None = Field(None, description="Volume holding the data.")
+    eval: EvalSpec | None = Field(
+        None, description="A held-out eval set, generated and scored during the run, never trained on."
+    )
 
-    model_config = ConfigDict(json_schema_extra=immutable())
+    @model_validator(mode="after")
+    def _one_kind_of_prompt(self) -> DataSpec:
+        if self.messages_field is not None and self.prompt_field != "prompt":
+            raise FieldRuleError("messagesField", f"set promptField ({self.prompt_field}) or messagesField, not both")
+        if self.chat_template == "off" and self.messages_field is not None:
+            raise FieldRuleError("messagesField", "messages are rendered with the chat template; chatTemplate is off")
+        if self.chat_template == "off" and self.system_prompt is not None:
+            raise FieldRuleError("systemPrompt", "goes into the chat template; chatTemplate is off")
+        return self
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            cel("self == oldSelf", IMMUTABLE),
+            cel(
+                "!has(self.messagesField) || self.promptField == 'prompt'",
+                "set promptField or messagesField, not both",
+            ),
+            cel(
+                "!has(self.messagesField) || self.chatTemplate != 'off'",
+                "messagesField needs the chat template; chatTemplate is off",
+            ),
+            cel(
+                "!has(self.systemPrompt) || self.chatTemplate != 'off'",
+                "systemPrompt needs the chat template; chatTemplate is off",
+            ),
+        )
+    )
 
 
 class WeightSyncSpec(Model):
@@ -94,7 +150,9 @@ class CheckpointSpec(Model):
     )
     every_steps: int = Field(10, description="Checkpoint every N train steps (and at the end).", ge=1)
     keep: int = Field(2, description="Checkpoints kept; older ones are deleted.", ge=1)
-    volume: VolumeSource | None = Field(None, description="Volume holding the checkpoints.")
+    volume: CheckpointVolumeSource | None = Field(
+        None, description="Volume holding the checkpoints (and the run's metrics), mounted writable."
+    )
 
     model_config = ConfigDict(json_schema_extra=immutable())
 
@@ -134,6 +192,14 @@ class RLJobSpec(Model):
     )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="Image pull policy."
+    )
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list,
+        description=(
+            "Secrets (kubernetes.io/dockerconfigjson, in the job's namespace) the kubelet pulls the images with, "
+            "as a pod's imagePullSecrets: on the Ray head, every pool's pods and the driver."
+        ),
+        max_length=32,
     )
     service_account_name: str | None = Field(
         None,

@@ -22,7 +22,9 @@ PHASES: tuple[Phase, ...] = (
 class Condition(Model):
     """A Kubernetes-style condition."""
 
-    type: str = Field(description="Condition type: RolloutReady, TrainerReady, RewardReady, Progressing, Degraded.")
+    type: str = Field(
+        description="Condition type: RolloutReady, TrainerReady, RewardReady, VolumesReady, Progressing, Degraded."
+    )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field("", description="CamelCase reason, e.g. InsufficientGPUs.")
     message: str = Field("", description="Human-readable detail.")
@@ -59,6 +61,18 @@ class StalenessStats(Model):
     max: int | None = Field(None, description="Largest staleness.")
 
 
+class EvalStats(Model):
+    """The newest held-out eval round (spec.data.eval)."""
+
+    step: int = Field(description="Train steps completed when it ran (0: before the first update).")
+    policy_version: int = Field(description="Policy version the rollout pool served.")
+    reward_mean: float = Field(description="Mean reward over its completions.")
+    rewards: dict[str, float] = Field(default_factory=dict, description="Each reward function's mean score.")
+    pass_at_k: dict[str, float] = Field(
+        default_factory=dict, description="pass@k (unbiased estimate) by k, from 1 up to samplesPerPrompt."
+    )
+
+
 class Restarts(Model):
     """Replacements so far, by what was replaced (an Event on the RLJob tells each one)."""
 
@@ -80,6 +94,7 @@ class RLJobStatus(Model):
     policy_version: int | None = Field(None, description="Newest policy version published to rollout.")
     reward: RewardStats | None = Field(None, description="Reward statistics of the last batch.")
     staleness: StalenessStats | None = Field(None, description="Staleness of the last batch.")
+    eval: EvalStats | None = Field(None, description="The newest held-out eval round, where spec.data.eval is set.")
     samples_per_second: float | None = Field(None, description="Trained samples per second.")
     filtered_groups: int | None = Field(
         None,

@@ -109,6 +109,7 @@ class ControllerConfig(Model):
 
     job_name: str
     namespace: str
+    model_path: str  # the policy's folder: its tokenizer's chat template renders the prompts
     data: DataSpec
     algorithm: Algorithm
     sampling: SamplingSpec
@@ -159,6 +160,7 @@ def _controller_config(job: RLJob, algorithm: Algorithm) -> ControllerConfig:
     return ControllerConfig(
         job_name=job.metadata.name,
         namespace=job.metadata.namespace,
+        model_path=spec.model.path,
         data=spec.data,
         algorithm=algorithm,
         sampling=spec.rollout.sampling,

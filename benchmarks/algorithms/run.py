@@ -64,6 +64,7 @@ def job_file(work: Path, preset: str, seed: int, steps: int, model: Path, data: 
     doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
     spec = doc["spec"]
     spec["model"]["path"], spec["data"]["path"] = str(model), str(data)
+    spec["data"].pop("eval", None)  # steps to the target reward: training's alone
     spec["algorithm"].update(algorithm_of(preset), seed=seed, totalSteps=steps)
     spec["checkpoint"]["dir"] = str(work / "checkpoints")
     path = work / "job.yaml"

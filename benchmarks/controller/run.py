@@ -36,7 +36,7 @@ import yaml
 from rljob_api import parse_rljob
 from rljob_api.workercfg import WorkerConfigs, derive_worker_configs
 from rljob_workers.common.grpc_server import start_server
-from rljob_workers.driver.controller.data import PromptSource
+from rljob_workers.driver.controller.data import PromptSource, Row
 from rljob_workers.driver.controller.loop import Controller
 from rljob_workers.driver.controller.rollout_clients import RolloutClients
 from rljob_workers.driver.reward_router import RewardRouter
@@ -205,7 +205,7 @@ async def measure(
     try:
         clients.add("rollout-0", rollout_address)
         await router.add_replica("reward-0", reward_address)
-        rows = [(f"{i}+{i}=", {"answer": str(2 * i)}) for i in range(4096)]
+        rows = [Row(f"{i}+{i}=", {"answer": str(2 * i)}) for i in range(4096)]
         controller = Controller(
             config=configs.controller,
             prompts=PromptSource(rows, seed=0),

@@ -64,6 +64,7 @@ def job_file(work: Path, steps: int, model: Path = MODEL, data: Path = DATA) -> 
     doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
     spec = doc["spec"]
     spec["model"]["path"], spec["data"]["path"] = str(model), str(data)
+    spec["data"]["eval"]["path"] = str(REPO / spec["data"]["eval"]["path"])  # its rounds must leave the ledger be
     spec["algorithm"]["totalSteps"] = steps
     spec["checkpoint"]["dir"] = str(work / "checkpoints")
     path = work / "arithmetic.yaml"

@@ -65,6 +65,7 @@ def job_file(work: Path, source: Path, steps: int, staleness: int | None = None)
     spec = doc["spec"]
     for part in ("model", "data"):
         spec[part]["path"] = str((REPO / spec[part]["path"]).resolve())
+    spec["data"].pop("eval", None)  # the one-process baseline evaluates nothing
     spec["algorithm"]["totalSteps"] = steps
     if staleness is not None:
         spec["algorithm"]["maxStaleness"] = staleness

@@ -127,6 +127,7 @@ def job_doc(config: Config, args: argparse.Namespace, work: Path) -> dict[str, A
     spec = doc["spec"]
     spec["model"]["path"] = str(args.model)
     spec["data"]["path"] = str(args.data)
+    spec["data"].pop("eval", None)  # the reward pool's load is the training's alone
     spec["algorithm"].update(
         totalSteps=args.steps,
         maxStaleness=config.max_staleness,

@@ -30,6 +30,7 @@ KINDS: dict[str, tuple[str, str]] = {
     "Secret": ("api/v1", "secrets"),
     "Service": ("api/v1", "services"),
     "Pod": ("api/v1", "pods"),
+    "PersistentVolumeClaim": ("api/v1", "persistentvolumeclaims"),
     "Event": ("api/v1", "events"),
     "Role": ("apis/rbac.authorization.k8s.io/v1", "roles"),
     "RoleBinding": ("apis/rbac.authorization.k8s.io/v1", "rolebindings"),

@@ -8,7 +8,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rljob_api import RLJob, SecurityContext, VolumeSource
+from rljob_api import LocalObjectReference, RLJob, SecurityContext, VolumeSource
 from rljob_api.placement import Placement, Quantity
 
 from .names import CONFIG_DIR, JOB_TOKEN_DIR, JOB_TOKEN_KEY, TOKEN_DIR, config_name, token_secret_name
@@ -19,6 +19,10 @@ JOB_TOKEN_VOLUME = "rljob-token"
 # The one writable place besides the volumes when the root filesystem is read-only: Ray's session
 # folder (/tmp/ray), caches and temporary files.
 TMP_VOLUME = "tmp"
+# The pools' /dev/shm: memory-backed, so NCCL and the engines' shared-memory queues get more than the
+# container runtime's 64 MiB. The kubelet mounts a tmpfs of sizeLimit (a write past it fails); the pages
+# written count against the pod's memory limit and the node's memory, not its request.
+SHM_VOLUME = "dshm"
 # Caches that default to $HOME (read-only with the image) go under /tmp.
 WRITABLE_ENV = [
     {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
@@ -133,6 +137,14 @@ def volume_mounts(job: RLJob, *, tokens: bool) -> list[dict[str, Any]]:
     return out
 
 
+def shm_volume(size: str) -> dict[str, Any]:
+    return {"name": SHM_VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": size}}
+
+
+def shm_mount() -> dict[str, Any]:
+    return {"name": SHM_VOLUME, "mountPath": "/dev/shm"}
+
+
 def pool_resources(placement: Placement, *, cpus: float, gpus: int) -> dict[str, dict[str, str]]:
     """Container resources: the pool's CPUs (unless its resources set cpu), its extras, and GPUs as request
     and limit (an extended resource must have both, equal)."""
@@ -176,11 +188,15 @@ def pod_template(
     volumes: list[dict[str, Any]] | None = None,
     node_selector: Mapping[str, str] | None = None,
     tolerations: Sequence[Mapping[str, Any]] = (),
+    pull_secrets: Sequence[LocalObjectReference] = (),
 ) -> dict[str, Any]:
     """The one pod template builder of the pools, the head and the driver: their labels, and a spec of
-    `account` (service account fields, restart policy), its securityContext, the one container, its
-    volumes and placement."""
-    spec: dict[str, Any] = {**account, "securityContext": security.pod_fields(), "containers": [main]}
+    `account` (service account fields, restart policy), the image pull secrets, its securityContext, the
+    one container, its volumes and placement."""
+    spec: dict[str, Any] = {**account}
+    if pull_secrets:
+        spec["imagePullSecrets"] = [{"name": secret.name} for secret in pull_secrets]
+    spec.update(securityContext=security.pod_fields(), containers=[main])
     if volumes is not None:
         spec["volumes"] = volumes
     if node_selector:

@@ -7,12 +7,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from rljob_api import RLJob
-from rljob_api.placement import Placement
+from rljob_api.placement import Placement, default_shm_size
 from rljob_api.workercfg import POOLS, TOKEN_FILE_ENV, Pool, pool_resource, ray_system_config_env
 
 from .names import JOB_TOKEN_FILE, component_labels, pool_labels, ray_cluster_name
 from .options import RenderOptions, RewardGroup
-from .pods import TMP_VOLUME, WRITABLE_ENV, container, pod_template, pool_resources, ray_cpus, volume_mounts, volumes
+from .pods import (
+    TMP_VOLUME,
+    WRITABLE_ENV,
+    container,
+    pod_template,
+    pool_resources,
+    ray_cpus,
+    shm_mount,
+    shm_volume,
+    volume_mounts,
+    volumes,
+)
 
 RAY_API_VERSION = "ray.io/v1"
 # Ray pods hold nothing to save (the driver writes the checkpoints), and KubeRay's `bash -lc` as the
@@ -107,12 +118,18 @@ def ray_pod_account(job: RLJob) -> dict[str, Any]:
     return account
 
 
+def shm_size(job: RLJob, shape: PoolShape) -> str:
+    """The pool's /dev/shm size: the spec's, else sized for its GPUs and (rollout) its engine."""
+    engine = job.spec.rollout.engine if shape.pool == "rollout" else None
+    return shape.placement.shm_size or default_shm_size(shape.gpus, engine)
+
+
 def worker_group(job: RLJob, shape: PoolShape, reward: RewardGroup) -> dict[str, Any]:
-    """One worker group: the pool's placement, GPUs, CPUs, and the Ray resource its actors require."""
+    """One worker group: the pool's placement, GPUs, CPUs, /dev/shm, and the Ray resource its actors require."""
     cpus = shape.cpus_per_actor * shape.actors_per_pod
     resources = pool_resources(shape.placement, cpus=cpus, gpus=shape.gpus)
     tokens = shape.pool == "reward"
-    mounts = volume_mounts(job, tokens=tokens)
+    mounts = [*volume_mounts(job, tokens=tokens), shm_mount()]
     security = shape.placement.security_context or job.spec.security_context
     # The rollout pool runs its engine's own image (vLLM pins its own torch), the other pools the worker image.
     image = job.spec.rollout.image_or(job.spec.image) if shape.pool == "rollout" else job.spec.image
@@ -124,9 +141,10 @@ def worker_group(job: RLJob, shape: PoolShape, reward: RewardGroup) -> dict[str,
         main,
         account=ray_pod_account(job),
         security=security,
-        volumes=volumes(job, tokens=tokens),
+        volumes=[*volumes(job, tokens=tokens), shm_volume(shm_size(job, shape))],
         node_selector=shape.placement.node_selector,
         tolerations=[t.to_wire() for t in shape.placement.tolerations],
+        pull_secrets=job.spec.image_pull_secrets,
     )
     group: dict[str, Any] = {
         "groupName": shape.pool,
@@ -177,6 +195,7 @@ def head_group(job: RLJob, options: RenderOptions) -> dict[str, Any]:
             volumes=[{"name": TMP_VOLUME, "emptyDir": {}}],
             node_selector=options.system_node_selector,
             tolerations=options.system_tolerations,
+            pull_secrets=job.spec.image_pull_secrets,
         ),
     }
 

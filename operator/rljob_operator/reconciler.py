@@ -20,11 +20,13 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import RLJob, RLJobInvalid, RLJobStatus, derive_worker_configs, parse_rljob
 
+from .claims import ClaimProblem, check_claims
 from .config import OperatorConfig
 from .control import ControlClients
 from .desired import Desired, next_desired, read_back
@@ -102,6 +104,7 @@ class Context:
     pools: dict[Key, dict[str, dict[str, Any] | None]] = field(default_factory=dict)  # as last written; None: deleted
     locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     tokens: dict[Key, str] = field(default_factory=dict)  # each job's token (its Secret), once read or made
+    claims: dict[Key, tuple[ClaimProblem, ...]] = field(default_factory=dict)  # the last check of its claims
     poked: set[Key] = field(default_factory=set)  # jobs whose children changed since the last refresh
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -126,7 +129,7 @@ class Context:
 
     def drop(self, key: Key) -> None:
         """Forget what was kept of a job's state (its status, snapshot, decisions, pools as written)."""
-        for table in (self.last, self.snapshots, self.desired, self.pools, self.tokens):
+        for table in (self.last, self.snapshots, self.desired, self.pools, self.tokens, self.claims):
             table.pop(key, None)  # type: ignore[attr-defined]
 
     async def forget(self, key: Key) -> None:
@@ -158,6 +161,21 @@ async def ensure_children(ctx: Context, job: RLJob, body: Mapping[str, Any]) -> 
         current = ctx.desired.get(key_of(job)) or read_back(seen)
         ctx.desired[key_of(job)] = desired = next_desired(job, current, seen)
         await write_children(ctx, job, body, desired)
+        await check_claims_of(ctx, job, body)
+
+
+async def check_claims_of(ctx: Context, job: RLJob, body: Mapping[str, Any]) -> None:
+    """Read the job's claims (claims.py) and post a Warning Event for each problem not seen before."""
+    key = key_of(job)
+    try:
+        found = await check_claims(ctx.kube, job)
+    except ApiException as exc:  # e.g. an older chart's RBAC: the condition stays as it was
+        log.warning("reading the claims of %s/%s: %s", *key, describe(exc))
+        return
+    before, ctx.claims[key] = ctx.claims.get(key, ()), found
+    for problem in found:
+        if problem not in before:
+            await post(ctx, body, "Warning", problem.reason, problem.message)
 
 
 async def write_children(
@@ -305,6 +323,8 @@ async def refresh(
     key = key_of(job)
     async with ctx.lock(key):
         observed = await observe_children(ctx, job)
+        if ctx.claims.get(key):  # until a claim is fixed (or made)
+            await check_claims_of(ctx, job, body)
         snapshot, fresh = await poll_controller_of(ctx, job, observed, poll_controller)
         current = ctx.desired.get(key) or read_back(observed)
         desired = ctx.desired[key] = next_desired(job, current, observed, snapshot if fresh else None)
@@ -319,6 +339,7 @@ async def refresh(
             now=datetime.now(timezone.utc),
             generation=(body.get("metadata") or {}).get("generation"),
             previous=previous,
+            claim_problems=ctx.claims.get(key),
         )
         wire = status.model_dump(by_alias=True, mode="json")
         changed = previous is None or previous.model_dump(by_alias=True, mode="json") != wire

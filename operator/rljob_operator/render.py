@@ -240,6 +240,7 @@ def render_driver(job: RLJob, options: RenderOptions) -> dict[str, Any]:
         volumes=volumes(job, tokens=True),
         node_selector=options.system_node_selector,
         tolerations=options.system_tolerations,
+        pull_secrets=job.spec.image_pull_secrets,
     )
     return {
         "apiVersion": "batch/v1",

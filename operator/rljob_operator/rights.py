@@ -46,6 +46,7 @@ RIGHTS: tuple[Right, ...] = (
     Right("ray.io", "rayclusters", ("get", "list", "watch", "patch", "delete"), ("create",), "the pools"),
     Right("batch", "jobs", ("get", "list", "watch", "patch", "delete"), ("create",), "the driver"),
     Right("", "pods", ("list", "watch"), ("get",), "pool pods (readiness, drained replicas); the driver's Role"),
+    Right("", "persistentvolumeclaims", ("get",), (), "the access modes of the claims the job's pods mount"),
 )
 # Cluster-wide in both modes.
 CLUSTER_RIGHTS: tuple[Right, ...] = (

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timezone
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import Condition, PoolReplicas, PoolsStatus, RLJob, RLJobStatus
-from rljob_api.status import Phase, RewardStats, StalenessStats
+from rljob_api.status import EvalStats, Phase, RewardStats, StalenessStats
 from rljob_api.workercfg import POOLS, Pool
 
+from .claims import ClaimProblem, volumes_condition
 from .observe import Observed
 from .raycluster import clamp_reward_replicas
 from .restarts import count_restarts
 
-CONDITION_TYPES = ("RolloutReady", "TrainerReady", "RewardReady", "Progressing", "Degraded")
+CONDITION_TYPES = ("RolloutReady", "TrainerReady", "RewardReady", "VolumesReady", "Progressing", "Degraded")
 READY_TYPE: dict[Pool, str] = {"rollout": "RolloutReady", "trainer": "TrainerReady", "reward": "RewardReady"}
 TERMINAL: tuple[Phase, ...] = ("Succeeded", "Failed")
 GPU_SHORTAGE = "Insufficient nvidia.com/gpu"
@@ -173,6 +175,17 @@ def _message(
     return f"{phase}: {sizes}" + (f"; {waiting}" if waiting and phase == "Running" else "")
 
 
+def eval_stats(result: control_pb.EvalResult) -> EvalStats:
+    """The controller's newest eval round as the RLJob status shows it."""
+    return EvalStats(
+        step=result.step,
+        policy_version=result.policy_version,
+        reward_mean=result.reward_mean,
+        rewards=dict(result.rewards),
+        pass_at_k={str(k): v for k, v in sorted(result.pass_at_k.items())},
+    )
+
+
 def compute_status(
     job: RLJob,
     observed: Observed,
@@ -181,17 +194,19 @@ def compute_status(
     now: datetime,
     generation: int | None = None,
     previous: RLJobStatus | None = None,
+    claim_problems: Sequence[ClaimProblem] | None = None,
 ) -> RLJobStatus:
     """The status to write: phase, conditions, pool counts from the cluster, progress from the controller.
 
-    Without a snapshot (the controller is not up, or did not answer) the last progress is kept.
-    """
+    Without a snapshot (the controller is not up, or did not answer) the last progress is kept;
+    `claim_problems` (claims.py) None: the claims are not checked yet."""
     live = not job.spec.suspend and not (observed.driver is not None and observed.driver.finished)
     pools = _pools(job, observed, live=live)
     phase = _phase(job, observed, pools, snapshot)
     waiting = _waiting_for_reward(snapshot)
     message = _message(phase, observed, snapshot, pools, waiting)
     wanted = {READY_TYPE[p]: _pool_condition(p, getattr(pools, p), observed, phase) for p in POOLS}
+    wanted["VolumesReady"] = volumes_condition(job, claim_problems)
     wanted["Progressing"] = _progressing(phase, snapshot, job)
     wanted["Degraded"] = _degraded(job, observed, phase, message, waiting)
     prev = previous or RLJobStatus()
@@ -204,6 +219,7 @@ def compute_status(
         policy_version=prev.policy_version,
         reward=prev.reward,
         staleness=prev.staleness,
+        eval=prev.eval,
         samples_per_second=prev.samples_per_second,
         filtered_groups=prev.filtered_groups,
         checkpoint=prev.checkpoint,
@@ -222,6 +238,8 @@ def compute_status(
             status.reward = RewardStats(mean=snapshot.reward_mean, std=snapshot.reward_std)
             status.staleness = StalenessStats(mean=snapshot.staleness_mean, max=snapshot.staleness_max)
         status.checkpoint = snapshot.checkpoint or prev.checkpoint
+        if snapshot.HasField("eval"):
+            status.eval = eval_stats(snapshot.eval)
     if phase == "Running" and status.start_time is None:
         status.start_time = rfc3339(now)
     if phase in TERMINAL and status.completion_time is None:

@@ -146,7 +146,8 @@ def make_assets(folder: Path, built: Path) -> None:
     shutil.copytree(built, folder / "models" / "tiny-arith")
     subprocess.run(
         [str(Path(sys.executable).parent / "rljob"), "make-model", "--task", "arithmetic",
-         "--out", str(folder / "models" / "tiny-arith"), "--data", str(folder / "data" / "arithmetic-train.jsonl")],
+         "--out", str(folder / "models" / "tiny-arith"), "--data", str(folder / "data" / "arithmetic-train.jsonl"),
+         "--eval-data", str(folder / "data" / "arithmetic-eval.jsonl")],
         check=True, capture_output=True, text=True,
     )  # fmt: skip
     for path in [folder, *folder.rglob("*")]:
@@ -196,6 +197,7 @@ def cluster_job(namespace: str, image: str) -> dict[str, Any]:
     doc["spec"].update(image=image, imagePullPolicy="Never")
     for pool in ("rollout", "trainer", "reward"):
         doc["spec"][pool].update(nodeSelector=NODE_SELECTOR, tolerations=TOLERATIONS)
+    doc["spec"]["trainer"]["shmSize"] = TRAINER_SHM_SIZE
     return doc
 
 
@@ -205,6 +207,7 @@ def local_job(job: dict[str, Any], assets: Path, output: Path) -> dict[str, Any]
     spec["model"] = {"path": str(assets / "models" / "tiny-arith"), "dtype": spec["model"]["dtype"]}
     spec["data"] = {k: v for k, v in spec["data"].items() if k != "volume"}
     spec["data"]["path"] = str(assets / "data" / "arithmetic-train.jsonl")
+    spec["data"]["eval"]["path"] = str(assets / "data" / "arithmetic-eval.jsonl")
     spec["checkpoint"] = {"dir": str(output / "checkpoints"), "everySteps": spec["checkpoint"]["everySteps"]}
     for pool in ("rollout", "trainer", "reward"):
         spec[pool].pop("nodeSelector", None)
@@ -224,6 +227,35 @@ def raylet_store_connect(cluster: Cluster, namespace: str, job: str) -> dict[str
             cluster.kubectl("exec", "-n", namespace, pod, "--", "cat", RAYLET_LOG).stdout
         )
         for pod in pods
+    }
+
+
+# The trainer pool's /dev/shm in the apply test: set in the spec, read back inside the running pod.
+TRAINER_SHM_SIZE, TRAINER_SHM_BYTES = "384Mi", 384 * 2**20
+
+
+def shm_size_bytes(cluster: Cluster, namespace: str, pod: str) -> int:
+    """The size of /dev/shm inside `pod` (`df -B1 /dev/shm` through kubectl exec): the sizeLimit of the
+    memory-backed emptyDir the operator mounts there (tmpfs takes it as its size)."""
+    out = cluster.kubectl("exec", "-n", namespace, pod, "--", "df", "-B1", "/dev/shm").stdout
+    filesystem, size, *_ = out.splitlines()[-1].split()
+    assert filesystem in ("tmpfs", "shm"), f"/dev/shm of {pod} is {filesystem}, not memory:\n{out}"
+    return int(size)
+
+
+def pool_pod_shm(cluster: Cluster, namespace: str, job: str, pool: str) -> dict[str, int]:
+    """Each pod of the pool: its /dev/shm size in bytes."""
+    selector = f"rljob.io/job={job},rljob.io/pool={pool}"
+    pods = cluster.kubectl("get", "pods", "-n", namespace, "-l", selector, "-o", "name").stdout.split()
+    return {pod.removeprefix("pod/"): shm_size_bytes(cluster, namespace, pod.removeprefix("pod/")) for pod in pods}
+
+
+def read_running_pods(cluster: Cluster, namespace: str, job: str) -> dict[str, Any]:
+    """What the apply test reads inside the job's pods while it trains: each Ray pod's raylet connect time
+    to its object store (store_connect) and each trainer pod's /dev/shm size (shm)."""
+    return {
+        "store_connect": raylet_store_connect(cluster, namespace, job),
+        "shm": pool_pod_shm(cluster, namespace, job, "trainer"),
     }
 
 

@@ -47,6 +47,7 @@ from e2e_elastic import (
 from e2e_faults import Fault, FaultRun, child_generations, each_restart_told_once, fault_job, fault_table
 from e2e_prometheus import Prometheus, Window, empty_panels, scrape_configs, service_monitors
 from e2e_real import (
+    TRAINER_SHM_BYTES,
     cluster_job,
     diagnose,
     host_volume,
@@ -54,7 +55,7 @@ from e2e_real import (
     local_job,
     make_assets,
     make_runs_folder,
-    raylet_store_connect,
+    read_running_pods,
     seconds_per_step,
     wait_gone,
 )
@@ -157,8 +158,9 @@ def test_apply_trains_to_succeeded_and_delete_leaves_nothing(setup: Setup) -> No
     job = cluster_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"])
     started, applied = time.monotonic(), time.time()
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
-    store_connect: dict[str, float] = {}
-    status, first_step = watch(cluster, started, lambda: store_connect.update(raylet_store_connect(cluster, NS, JOB)))
+    inside: dict[str, Any] = {}  # read inside the job's pods once training started
+    status, first_step = watch(cluster, started, lambda: inside.update(read_running_pods(cluster, NS, JOB)))
+    store_connect, shm = inside.get("store_connect", {}), inside.get("shm", {})
     took = time.monotonic() - started
     setup.ran(JOB, applied)
     assert status.get("phase") == "Succeeded", f"the run ended {status.get('phase')}:\n{diagnose(cluster, NS)}"
@@ -177,6 +179,8 @@ def test_apply_trains_to_succeeded_and_delete_leaves_nothing(setup: Setup) -> No
     # every Ray pod's raylet reached the object store it had just started without Ray's 1 s connect retry
     # (rljob_api.workercfg.RAY_SYSTEM_CONFIG, in each Ray pod's environment)
     assert len(store_connect) >= 2 and max(store_connect.values()) < 0.5, store_connect
+    # the trainer pod's /dev/shm is memory-backed at the size the spec set (spec.trainer.shmSize)
+    assert shm and set(shm.values()) == {TRAINER_SHM_BYTES}, shm
     driver_log = cluster.kubectl("logs", "-n", NS, f"job/{JOB}-driver").stdout
     assert f"step {job['spec']['algorithm']['totalSteps']}/" in driver_log, driver_log[-3000:]
 
@@ -232,32 +236,13 @@ def test_reward_pool_grows_and_shrinks_with_its_backlog(setup: Setup) -> None:
     """A judge that slows down 60x from step 12 to 36: the elastic job's reward backlog grows, the driver asks for
     more replicas, the operator raises the reward worker group, KubeRay starts pods, their replicas take
     samples; once the judge is fast again a replica is drained and its pod goes while the run trains on.
-    The same job with a fixed pool at the maximum runs beside it, at the same time on the same node (so both
-    see the same machine): reward pod-seconds and time, both ledgers clean."""
+    The same job with a fixed pool at the maximum beside it: reward pod-seconds and time, both ledgers clean."""
     write_judged_data(setup.assets, ELASTIC_STEPS, SLOW)
-    started = {name: _start_judged(setup, name, replicas) for name, replicas in POOLS.items()}
     runs, watches, logs, scaled = {}, {}, {}, {}
-    ended: dict[str, float] = {}  # when each was first seen ended
-
-    def both_ended() -> bool:
-        for name in POOLS:
-            if name not in ended and _ended(_status(setup.cluster, name)):
-                ended[name] = time.monotonic()
-        return len(ended) == len(POOLS)
-
-    try:
-        wait_for("both judged jobs to end", both_ended, timeout=TIMEOUT, every=1.0)
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{diagnose(setup.cluster, NS)}") from None
-    finally:
-        for _, watch_, _, _ in started.values():
-            watch_.stop()
-    for name, (job, watch_, begun, applied) in started.items():
-        runs[name], logs[name], scaled[name] = _finish_judged(setup, name, job, watch_, ended[name] - begun)
-        setup.ran(name, applied)
-        watches[name] = watch_
-        print(f"\n{name} reward pool {POOLS[name]}:\n  " + "\n  ".join(watch_.changes()), flush=True)
-        print("  " + "\n  ".join(watch_.start_lines() + scaling_lines(logs[name])), flush=True)
+    for name, replicas in POOLS.items():
+        runs[name], watches[name], logs[name], scaled[name] = _judged_run(setup, name, replicas)
+        print(f"\n{name} reward pool {replicas}:\n  " + "\n  ".join(watches[name].changes()), flush=True)
+        print("  " + "\n  ".join(watches[name].start_lines() + scaling_lines(logs[name])), flush=True)
     elastic, fixed = runs["elastic"], runs["fixed"]
     print("\n" + elastic_table(elastic, fixed))
     grown = watches["elastic"]
@@ -273,22 +258,24 @@ def test_reward_pool_grows_and_shrinks_with_its_backlog(setup: Setup) -> None:
     assert not scaled["fixed"], scaled["fixed"]
 
 
-def _start_judged(setup: Setup, name: str, replicas: tuple[int, int]) -> tuple[dict[str, Any], PoolWatch, float, float]:
-    """Apply the judged job and start watching its reward pods: (the job, its watch, when it was applied on the
-    monotonic clock and on the wall clock)."""
-    job = judged_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"], name, ELASTIC_STEPS, replicas)
-    begun, applied = time.monotonic(), time.time()
-    setup.cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
-    return job, PoolWatch(setup.cluster, NS, name).start(), begun, applied
-
-
-def _finish_judged(
-    setup: Setup, name: str, job: dict[str, Any], watch_: PoolWatch, wall: float
-) -> tuple[PoolRun, str, list[tuple[int, int]]]:
-    """The ended judged job: its run (pod-seconds, s/step, wall, scores by replica), its driver's log and the
-    reward scalings (from, to) `kubectl describe rlj` shows, its ledger checked; then delete it."""
+def _judged_run(
+    setup: Setup, name: str, replicas: tuple[int, int]
+) -> tuple[PoolRun, PoolWatch, str, list[tuple[int, int]]]:
+    """Apply the judged job, watch its reward pods until it ends, check its ledger, delete it. Also returns
+    the reward scalings (from, to) `kubectl describe rlj` shows."""
     cluster = setup.cluster
-    status = _status(cluster, name)
+    job = judged_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"], name, ELASTIC_STEPS, replicas)
+    started, applied = time.monotonic(), time.time()
+    cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
+    watch_ = PoolWatch(cluster, NS, name).start()
+    try:
+        status = wait_for(f"{name} to end", lambda: _ended(_status(cluster, name)), timeout=TIMEOUT, every=1.0)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{diagnose(cluster, NS)}") from None
+    finally:
+        watch_.stop()
+    wall = time.monotonic() - started
+    setup.ran(name, applied)
     assert status["phase"] == "Succeeded", diagnose(cluster, NS)
     driver_log = cluster.kubectl("logs", "-n", NS, f"job/{name}-driver").stdout
     books = read_ledger(setup.runs / name / "metrics.jsonl", ELASTIC_STEPS, job["spec"]["algorithm"]["promptsPerStep"])
@@ -298,7 +285,8 @@ def _finish_judged(
     scaled = [(int(a), int(b)) for a, b in re.findall(r"RewardScaled\s.*reward replicas (\d+) -> (\d+)", described)]
     cluster.kubectl("delete", "rlj", name, "-n", NS, "--wait=true", "--timeout=120s")
     wait_gone(cluster, NS, f"rljob.io/job={name}", "pods")
-    return PoolRun(name, watch_.pod_seconds(), per_step, wall, scored_by_replica(driver_log)), driver_log, scaled
+    run = PoolRun(name, watch_.pod_seconds(), per_step, wall, scored_by_replica(driver_log))
+    return run, watch_, driver_log, scaled
 
 
 def _status(cluster: Cluster, name: str) -> dict[str, Any]:

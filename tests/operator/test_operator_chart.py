@@ -196,6 +196,17 @@ def test_dashboard_uses_exported_metrics() -> None:
         "rljob_reward_backlog",
         "rljob_reward_replicas",
         "rljob_weight_sync_seconds",
+        "rljob_policy_loss",
+        "rljob_kl",
+        "rljob_clip_fraction",
+        "rljob_grad_norm",
+        "rljob_entropy",
+        "rljob_response_length_tokens",
+        "rljob_truncated_fraction",
+        "rljob_reward_function_mean",
+        "rljob_trained_tokens_per_second",
+        "rljob_eval_reward",
+        "rljob_eval_pass_at_k",
     ):
         assert topic in used, topic
     ids = [p["id"] for p in dashboard["panels"]]
@@ -222,7 +233,10 @@ def test_chart_network_policy_values_reach_the_rendered_policy() -> None:
             "podSelector": {"matchLabels": labels},
         }
     ]
-    assert scrapers["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    # the default admits Prometheus pods in any namespace (kube-prometheus-stack's, the prometheus chart's)
+    assert scrapers["from"] == [
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    ]
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert policy["spec"]["egress"][1] == {"ports": [{"port": 53}]}
     off = one(template("networkPolicy.enabled=false"), "Deployment")
@@ -232,3 +246,46 @@ def test_chart_network_policy_values_reach_the_rendered_policy() -> None:
         for d in render(load_rljob(REPO / "examples" / "gpu-cluster.yaml"), parse_config([], env).render)
         if d["kind"] == "NetworkPolicy"
     ]
+
+
+def scraper_peers(*sets: str) -> list[dict[str, object]]:
+    """The scrapers' peers of the jobs' NetworkPolicies, from the chart's Deployment environment."""
+    from rljob_operator.config import parse_config
+
+    deployment = one(template(*sets), "Deployment")
+    env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    return [dict(p) for p in parse_config([], env).render.scraper_peers]
+
+
+@needs_helm
+def test_scrape_selectors() -> None:
+    prometheus = {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+    monitoring = {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    assert scraper_peers() == [{"namespaceSelector": {}, "podSelector": prometheus}]
+    # every pod of one namespace (the chart's former default)
+    assert scraper_peers(
+        "networkPolicy.scrapePodSelector=null",
+        "networkPolicy.scrapeNamespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring",
+    ) == [{"namespaceSelector": monitoring}]
+    # another scraper's pods, anywhere
+    alloy = "networkPolicy.scrapePodSelector.matchLabels.app\\.kubernetes\\.io/name=alloy"
+    assert scraper_peers(alloy) == [
+        {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "alloy"}}}
+    ]
+    assert scraper_peers("networkPolicy.scrapeNamespaceSelector=null") == [{"podSelector": prometheus}]
+    assert scraper_peers("networkPolicy.scrapeNamespaceSelector=null", "networkPolicy.scrapePodSelector=null") == []
+
+
+@needs_helm
+def test_operator_image_pull_secrets() -> None:
+    pod = one(template("imagePullSecrets[0].name=regcred"), "Deployment")["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert "imagePullSecrets" not in one(template(), "Deployment")["spec"]["template"]["spec"]
+
+
+def test_notes_name_the_cluster_example() -> None:
+    """A cluster user is pointed at the example whose paths are on claims, not the local one (.cache/)."""
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    applied = re.findall(r"kubectl apply -f (\S+)", notes)
+    assert applied == ["examples/arithmetic-cluster.yaml"], applied
+    assert (REPO / applied[0]).is_file()

@@ -112,6 +112,13 @@ def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str
             "spec.rollout",
             "the hf engine takes weights by drain only",
         ),
+        (
+            {"checkpoint": {**ARITHMETIC["spec"]["checkpoint"], "volume": {"claimName": "runs", "readOnly": True}}},
+            "spec.checkpoint.volume",
+            "readOnly must be false: checkpoints are written here",
+        ),
+        ({"trainer": {**ARITHMETIC["spec"]["trainer"], "shmSize": "2GB"}}, "spec.trainer.shmSize", "should match"),
+        ({"imagePullSecrets": ["registry"]}, "spec.imagePullSecrets[0]", "expected map"),
     ],
     ids=[
         "reward-min-gt-max",
@@ -131,6 +138,9 @@ def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str
         "overlong-buffer-past-max-new-tokens",
         "vllm-with-top-p",
         "hf-in-flight",
+        "read-only-checkpoint-volume",
+        "shm-size-not-a-quantity",
+        "pull-secret-as-a-bare-name",
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(
@@ -157,6 +167,13 @@ def test_a_wait_timeout_with_on_error_wait_is_accepted(cluster: Cluster, crd: st
     out = cluster.apply(rljob("patient", ns, reward=reward), "--dry-run=server", "-o", "json", check=False)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["spec"]["reward"]["waitTimeoutSeconds"] == 600
+
+
+def test_a_checkpoint_volume_left_at_its_defaults_is_writable(cluster: Cluster, crd: str, ns: str) -> None:
+    checkpoint = {**ARITHMETIC["spec"]["checkpoint"], "volume": {"claimName": "runs"}}
+    out = cluster.apply(rljob("runs", ns, checkpoint=checkpoint), "--dry-run=server", "-o", "json", check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["spec"]["checkpoint"]["volume"]["readOnly"] is False
 
 
 def test_immutable_fields_are_refused_on_update(cluster: Cluster, crd: str, ns: str) -> None:

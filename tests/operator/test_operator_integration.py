@@ -158,6 +158,31 @@ def test_suspend_and_resume(cluster: Cluster, operator: OperatorProcess, ns: str
     assert "Suspended" in [e["reason"] for e in cluster.events(ns, "pause")]
 
 
+def test_a_claim_without_the_access_mode_its_pods_need_is_named(
+    cluster: Cluster, operator: OperatorProcess, ns: str
+) -> None:
+    """Two trainer nodes write the checkpoints: a ReadWriteOnce claim cannot serve them. The job is suspended,
+    so nothing is scheduled and the claim needs no volume behind it."""
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "runs", "namespace": ns},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    cluster.apply(claim)
+    trainer = {**ARITHMETIC["spec"]["trainer"], "nodes": 2}
+    checkpoint = {**ARITHMETIC["spec"]["checkpoint"], "volume": {"claimName": "runs", "mountPath": "/runs"}}
+    cluster.apply(rljob("spread", ns, suspend=True, trainer=trainer, checkpoint=checkpoint))
+    status = wait_for(
+        "VolumesReady False",
+        lambda: status_where(cluster, "spread", ns, lambda s: condition(s, "VolumesReady").get("status") == "False"),
+    )
+    volumes = condition(status, "VolumesReady")
+    assert volumes["reason"] == "ClaimAccessMode", volumes
+    assert f"{ns}/runs" in volumes["message"] and "needs ReadWriteMany" in volumes["message"], volumes
+    wait_for("warning event", lambda: [e for e in cluster.events(ns, "spread") if e["reason"] == "ClaimAccessMode"])
+
+
 def test_reward_group_follows_the_controller(
     cluster: Cluster, operator: OperatorProcess, fake: FakeControl, ns: str
 ) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rljob_api import RLJob, VolumeSource, derive_worker_configs, load_rljob, parse_rljob
+from rljob_api import CheckpointVolumeSource, RLJob, derive_worker_configs, load_rljob, parse_rljob
 from rljob_operator.dump import dump_all
 from rljob_operator.options import Owner, RenderOptions, RewardGroup
 from rljob_operator.render import DRIVER_COMMAND, absent_kinds, driver_command, render, run_output_dir
@@ -31,7 +31,7 @@ OPERATOR_PEER = {
     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "rljob-system"}},
     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "rljob-operator"}},
 }
-SCRAPER_PEER = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+SCRAPER_PEER = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
 CHART_OPTIONS = RenderOptions(operator_peers=(OPERATOR_PEER,), scraper_peers=(SCRAPER_PEER,))
 
 
@@ -320,7 +320,7 @@ def test_driver_writes_metrics_beside_the_checkpoints_on_their_volume(
     spec = job.spec.model_copy(
         update={
             "checkpoint": job.spec.checkpoint.model_copy(
-                update={"dir": folder, "volume": VolumeSource(claim_name="runs", mount_path=mount, read_only=False)}
+                update={"dir": folder, "volume": CheckpointVolumeSource(claim_name="runs", mount_path=mount)}
             )
         }
     )

@@ -58,6 +58,7 @@ def test_pending_before_children() -> None:
         "RolloutReady",
         "TrainerReady",
         "RewardReady",
+        "VolumesReady",
         "Progressing",
         "Degraded",
     ]

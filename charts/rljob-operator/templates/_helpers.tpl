@@ -51,7 +51,8 @@ app.kubernetes.io/component: operator
 The operator's permissions, least privilege: RLJobs (kopf keeps its bookkeeping in annotations,
 status is written through the subresource), Events, and exactly the verbs it uses on each child
 kind: server-side apply (create, patch) and get; list/watch for the kinds its informers cache
-(RayClusters, Jobs, pods); delete only for the pools and the driver it tears down on suspend.
+(RayClusters, Jobs, pods); get on the claims the jobs mount (their access modes); delete only for the
+pools and the driver it tears down on suspend.
 Creating the jobs' Roles needs the permissions they grant (configmaps get, pods get/list/watch),
 which this rule set holds.
 */}}
@@ -61,13 +62,15 @@ which this rule set holds.
 {{- list $peer | toJson -}}
 {{- end }}
 
-{{/* The metrics scrapers as NetworkPolicy peers: none without a namespace selector. */}}
+{{/* The metrics scrapers as NetworkPolicy peers: the pod selector in the namespace selector, either one
+alone (null: left out; {} selects all), or none when both are null. */}}
 {{- define "rljob-operator.scraperPeers" -}}
-{{- with .Values.networkPolicy.scrapeNamespaceSelector -}}
-{{- list (dict "namespaceSelector" .) | toJson -}}
-{{- else -}}
-[]
+{{- $peer := dict -}}
+{{- with .Values.networkPolicy -}}
+{{- if not (kindIs "invalid" .scrapeNamespaceSelector) }}{{ $_ := set $peer "namespaceSelector" .scrapeNamespaceSelector }}{{ end -}}
+{{- if not (kindIs "invalid" .scrapePodSelector) }}{{ $_ := set $peer "podSelector" .scrapePodSelector }}{{ end -}}
 {{- end -}}
+{{- if $peer }}{{ list $peer | toJson }}{{ else }}[]{{ end -}}
 {{- end }}
 
 {{- /* Exactly operator/rljob_operator/rights.py's RIGHTS (tests/operator/test_operator_chart.py checks it). */}}
@@ -108,4 +111,7 @@ which this rule set holds.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [persistentvolumeclaims]
+  verbs: [get]
 {{- end }}

@@ -50,14 +50,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_make_model(args: argparse.Namespace) -> int:
     """Make the tiny local model and dataset of a built-in task (no download)."""
     from rljob_workers.models.tiny import make_tiny_model
-    from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
+    from rljob_workers.tasks.arithmetic import chat_row, held_out_problems, make_problems, write_jsonl
 
     out = make_tiny_model(args.out, task=args.task, seed=args.seed)
     print(f"model ready at {out}")
+    # Prompts drawn apart from the model's warm-up data (its own seed); the chat task's as messages.
+    problems = make_problems(args.prompts, seed=10_000 + args.seed)
+    rows = (lambda ps: list(map(chat_row, ps))) if args.task == "arithmetic-chat" else list
     if args.data is not None:
-        # Prompts drawn apart from the model's warm-up data (its own seed).
-        path = write_jsonl(args.data, make_problems(args.prompts, seed=10_000 + args.seed))
+        path = write_jsonl(args.data, rows(problems))
         print(f"{args.prompts} prompts at {path}")
+    if args.eval_data is not None:  # none of them among the training prompts, in an order of its own seed
+        held_out = held_out_problems(args.eval_prompts, seed=20_000 + args.seed, train=problems)
+        print(f"{args.eval_prompts} held-out eval prompts at {write_jsonl(args.eval_data, rows(held_out))}")
     return 0
 
 
@@ -75,6 +80,13 @@ def cmd_status(args: argparse.Namespace) -> int:
     return print_status(args.address, token_file=args.token_file, secret=args.secret, namespace=args.namespace)
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """Export a checkpoint's policy as a Hugging Face model folder (safetensors, tokenizer, chat template)."""
+    from rljob_workers.driver.export import run_export
+
+    return run_export(args.checkpoint, args.out, args.dtype, args.tokenizer)
+
+
 def add_rollout_python(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rollout-python",
@@ -82,6 +94,50 @@ def add_rollout_python(parser: argparse.ArgumentParser) -> None:
         metavar="PYTHON",
         help="interpreter of the rollout replicas: an engine's own environment (envs/vllm.sh prints vLLM's); "
         "default $RLJOB_ROLLOUT_PYTHON, else this one",
+    )
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """`rljob run`'s arguments."""
+    parser.add_argument("file", type=Path, help="RLJob YAML file")
+    add_rollout_python(parser)
+    parser.add_argument("--output", type=Path, default=None, help="run directory (default rljob-runs/<name>)")
+    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
+    parser.add_argument("--steps", type=int, default=None, help="override algorithm.totalSteps")
+    parser.add_argument("--no-display", action="store_true", help="plain log lines instead of the live display")
+    parser.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 picks a free one)")
+    parser.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a SIGINT/SIGTERM stop may take to finish the step and write its checkpoint before the run "
+        "stops at once (a second signal stops at once too); the run then exits with 128 + the signal's number",
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="drive an existing Ray cluster (in a KubeRay driver pod): connect with address auto, serve the "
+        "ControlService and metrics on all interfaces at the workers' fixed ports (control 50051, metrics 9400)",
+    )
+
+
+def add_export_arguments(parser: argparse.ArgumentParser) -> None:
+    """`rljob export`'s arguments."""
+    parser.add_argument(
+        "checkpoint", type=Path, help="a checkpoint's step-NNNNNN folder, or the checkpoint folder (its latest step)"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="the folder to write (new or empty)")
+    parser.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float16", "float32"),
+        default=None,
+        help="the weights' dtype (default: as the checkpoint stores them, float32)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        type=Path,
+        default=None,
+        help="where the tokenizer is if the checkpoint lacks it (the job's model folder)",
     )
 
 
@@ -109,33 +165,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root")
 
     p = add("make-model", cmd_make_model)
-    p.add_argument("--task", default="arithmetic", help="built-in task")
+    p.add_argument(
+        "--task",
+        default="arithmetic",
+        help="built-in task: arithmetic, or arithmetic-chat (a chat template; --data writes messages rows)",
+    )
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data", type=Path, default=None, help="also write the task's prompts (JSON lines) here")
     p.add_argument("--prompts", type=int, default=4096, help="number of prompts with --data")
+    p.add_argument(
+        "--eval-data", type=Path, default=None, help="also write a held-out eval split (no prompt of --data's) here"
+    )
+    p.add_argument("--eval-prompts", type=int, default=100, help="number of prompts with --eval-data")
 
-    p = add("run", cmd_run)
-    p.add_argument("file", type=Path, help="RLJob YAML file")
-    add_rollout_python(p)
-    p.add_argument("--output", type=Path, default=None, help="run directory (default rljob-runs/<name>)")
-    p.add_argument("--resume", action="store_true", help="continue from the newest checkpoint")
-    p.add_argument("--steps", type=int, default=None, help="override algorithm.totalSteps")
-    p.add_argument("--no-display", action="store_true", help="plain log lines instead of the live display")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0 picks a free one)")
-    p.add_argument(
-        "--stop-timeout",
-        type=float,
-        default=60.0,
-        help="seconds a SIGINT/SIGTERM stop may take to finish the step and write its checkpoint before the run "
-        "stops at once (a second signal stops at once too); the run then exits with 128 + the signal's number",
-    )
-    p.add_argument(
-        "--cluster",
-        action="store_true",
-        help="drive an existing Ray cluster (in a KubeRay driver pod): connect with address auto, serve the "
-        "ControlService and metrics on all interfaces at the spec's ports",
-    )
+    add_run_arguments(add("run", cmd_run))
+    add_export_arguments(add("export", cmd_export))
 
     p = add("status", cmd_status)
     p.add_argument("address", help="host:port of the controller's ControlService")

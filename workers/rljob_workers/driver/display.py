@@ -36,6 +36,9 @@ def status_table(job: str, status: pb.JobStatus) -> Table:
     if s.filtered_groups or s.masked_truncated:
         filtered = f"{s.filtered_groups} groups ({s.filtered} samples) with all-equal rewards"
         rows.append(("filtered", f"{filtered}  truncated, out of the loss {s.masked_truncated}"))
+    if status.HasField("eval"):  # spec.data.eval's newest round
+        passes = "  ".join(f"pass@{k} {v:.3f}" for k, v in sorted(status.eval.pass_at_k.items()))
+        rows.append(("eval reward", f"{status.eval.reward_mean:.3f} at step {status.eval.step}  {passes}"))
     if s.waiting_for_reward:
         rows.append(("waiting", f"{s.waiting_for_reward} sample(s) for reward: {status.reward_wait_reason}"))
     for r in status.restarts:  # each replacement this driver made, oldest first

@@ -27,6 +27,7 @@ from rljob_workers.driver.setup import (
     resolved_configs,
 )
 from rljob_workers.driver.stopping import StoppedBeforePoolsUp, stop_before_the_pools_are_up
+from rljob_workers.driver.trackers import TrackerError, Trackers, check_startable, open_trackers
 
 log = logging.getLogger("rljob")
 
@@ -65,24 +66,32 @@ def _run_local(args: argparse.Namespace, locks: list[FolderLock]) -> int:
         if args.cluster:
             configs = prepare(job, args.steps, cluster=True)
             locks += lock_run_folders(output, Path(configs.trainer.checkpoint.dir))
+            check_startable(job, output)
+            trackers = open_trackers(job, output)
         else:
             local_ray_environment()
             check_quickly(job, args.steps, args.rollout_python)
             checkpoints = Path(job.spec.checkpoint.dir).resolve()
             locks += lock_run_folders(output, checkpoints)
             resume_from(checkpoints, args.resume)  # refuses to start over checkpoints before Ray starts
-            configs = check_models_while_ray_starts(job, output)
-    except (RLJobInvalid, SetupError) as exc:
+            check_startable(job, output)  # the trackers' folders and tracking URI, before Ray starts too
+            configs, trackers = check_models_while_ray_starts(job, output)
+    except (RLJobInvalid, SetupError, TrackerError) as exc:
         print(exc, file=sys.stderr)
         _stop_ray()
         return 2
-    return _run_with_restarts(args, job, configs, output)
+    rc = 1  # what the trackers are told if the run ends by an exception
+    try:
+        rc = _run_with_restarts(args, job, configs, output, trackers)
+        return rc
+    finally:
+        trackers.close(rc)
 
 
-def check_models_while_ray_starts(job: RLJob, output: Path) -> WorkerConfigs:
+def check_models_while_ray_starts(job: RLJob, output: Path) -> tuple[WorkerConfigs, Trackers]:
     """`prepare`'s last check, that the model folders load, in a thread while this thread starts the
-    local Ray node, with the import of the controller: both take CPU-seconds, Ray's start is mostly
-    waiting on its processes. Returns the pools' configs.
+    local Ray node, with the import of the controller and the trackers' start: each takes CPU-seconds,
+    Ray's start is mostly waiting on its processes. Returns the pools' configs and the started trackers.
 
     Ray starts here, not in the thread, because its processes die with the thread that started them
     (PR_SET_PDEATHSIG). A model check's error wins over Ray's: it is the one the user can act on."""
@@ -92,20 +101,22 @@ def check_models_while_ray_starts(job: RLJob, output: Path) -> WorkerConfigs:
 
     spec = job.spec
     with ThreadPoolExecutor(1, thread_name_prefix="rljob-setup") as setup:
-        checked = setup.submit(_check_models_and_import, job)
+        checked = setup.submit(_check_models_and_start_trackers, job, output)
         try:
             env = worker_env(str(output / TOKEN_FILE_NAME))  # where LocalRun writes the token
             init_local_ray(derive_worker_configs(job), spec.rollout.cpus, spec.reward.cpus, spec.trainer.cpus, env)
         except Exception:
-            checked.result()  # a failed check is the error to show
+            checked.result().close(1)  # a failed check is the error to show
             raise
-        checked.result()
-    return resolved_configs(job, cluster=False)
+        trackers = checked.result()
+    return resolved_configs(job, cluster=False), trackers
 
 
-def _check_models_and_import(job: RLJob) -> None:
+def _check_models_and_start_trackers(job: RLJob, output: Path) -> Trackers:
     check_models(job, without_torch=True)
     import rljob_workers.driver.local_run  # noqa: F401  the controller, while Ray still starts
+
+    return open_trackers(job, output)  # wandb's and mlflow's imports alone take seconds
 
 
 def _stop_ray() -> None:
@@ -116,8 +127,11 @@ def _stop_ray() -> None:
         shutdown_ray()
 
 
-def _run_with_restarts(args: argparse.Namespace, job: RLJob, configs: WorkerConfigs, output: Path) -> int:
-    """Run the job; a dead trainer group starts again from the last checkpoint, spec.trainer.maxRestarts times."""
+def _run_with_restarts(
+    args: argparse.Namespace, job: RLJob, configs: WorkerConfigs, output: Path, trackers: Trackers
+) -> int:
+    """Run the job; a dead trainer group starts again from the last checkpoint, spec.trainer.maxRestarts times.
+    The trackers record every attempt as one run."""
     from rljob_workers.driver.local_run import EXIT_TRAINER_LOST, LocalRun
 
     budget = configs.controller.max_restarts["trainer"]
@@ -140,6 +154,7 @@ def _run_with_restarts(args: argparse.Namespace, job: RLJob, configs: WorkerConf
             token=token,
             history=history,
             rollout_python=None if args.cluster else args.rollout_python,
+            trackers=trackers,
         )
         try:
             rc = asyncio.run(run.main())

@@ -20,6 +20,7 @@ from rljob_workers.common.auth import JobToken, TokenError
 from rljob_workers.common.grpc_server import RunningServer, Service, start_server
 from rljob_workers.driver import rollout_env, summary
 from rljob_workers.driver.controller.elastic import ElasticRewardPool
+from rljob_workers.driver.controller.evaluation import evaluation_for
 from rljob_workers.driver.controller.idle import PoolIdle
 from rljob_workers.driver.controller.loop import Controller
 from rljob_workers.driver.controller.report import Counts, RunFailed, StepReport
@@ -27,21 +28,16 @@ from rljob_workers.driver.controller.rollout_clients import RolloutClients
 from rljob_workers.driver.controller.status import ControlServicer, RunView, final_status_message
 from rljob_workers.driver.controller.weight_sync import WeightSync
 from rljob_workers.driver.display import Progress
-from rljob_workers.driver.launcher import (
-    ActorPool,
-    RayTrainer,
-    pool_started,
-    reward_pool,
-    rollout_pool,
-    worker_env,
-)
-from rljob_workers.driver.metrics import JsonlWriter, RunMetrics, plot_rewards
+from rljob_workers.driver.eval_log import EvalLog
+from rljob_workers.driver.launcher import ActorPool, RayTrainer, pool_started, reward_pool, rollout_pool, worker_env
+from rljob_workers.driver.metrics import RunMetrics, StepLog, plot_rewards
 from rljob_workers.driver.ray_node import init_local_ray, init_ray, shutdown_ray
 from rljob_workers.driver.reward_router import RewardRouter
 from rljob_workers.driver.rundir import lock_run_folders, starting_point
 from rljob_workers.driver.setup import SetupError, first_line
 from rljob_workers.driver.stopping import SignalStop
 from rljob_workers.driver.supervisor import PoolSupervisor, Restart, RestartHistory, TrainerWatch, supervise
+from rljob_workers.driver.trackers import Trackers
 
 log = logging.getLogger("rljob")
 
@@ -78,6 +74,7 @@ class LocalRun:
         token: JobToken | None = None,
         history: RestartHistory | None = None,
         rollout_python: str | None = None,
+        trackers: Trackers | None = None,
     ) -> None:
         self.cluster = cluster
         self.job_file = job_file
@@ -93,6 +90,7 @@ class LocalRun:
         self.serve_host = "0.0.0.0" if cluster else "127.0.0.1"
         self.job, self.configs, self.output = job, configs, output
         self.step_hook = step_hook
+        self.trackers = trackers  # one tracker run across trainer restarts: the caller's, and closed by it
         self.reports: list[StepReport] = []
         self.resume, self.display = resume, display
         # On a cluster the spec's port, where the chart's scrapers look; locally a free one unless given.
@@ -111,6 +109,7 @@ class LocalRun:
         self.elastic: ElasticRewardPool | None = None
         self.idle = PoolIdle(self._busy_seconds)
         self.metrics = RunMetrics(job.metadata.name)
+        self.eval_log = EvalLog(output, self.metrics, trackers)  # spec.data.eval's rounds
         self.progress = Progress(job.metadata.name, live=display)
         self.plotting: asyncio.Future[Path] | None = None  # the reward curve, drawn during the shutdown
 
@@ -204,7 +203,7 @@ class LocalRun:
         started = time.monotonic()
         trainer = await self._start_pools(resume_dir)
         weight_sync, version = await self._sync_first_weights(trainer, int(state.get("policy_version", 0)))
-        self.jsonl = JsonlWriter(self.output / summary.METRICS_JSONL)
+        self.jsonl = StepLog(self.output, self.trackers)
         self.controller = controller = Controller(
             config=c.controller,
             prompts=prompts,
@@ -213,6 +212,7 @@ class LocalRun:
             trainer=trainer,
             sync_weights=weight_sync.overlapped,
             on_step=self._on_step,
+            evaluation=evaluation_for(c.controller, self.clients, self.router, self.eval_log.record),
             step=int(state.get("step", 0)),
             version=version,
             counts=Counts(**state.get("counts", {})),
@@ -313,7 +313,7 @@ class LocalRun:
 
     async def _drive(self, controller: Controller, view: RunView, elastic: ElasticRewardPool) -> int:
         """Run the controller to its end beside the display tick and elastic scaling; the exit code."""
-        with self.progress:
+        with self.progress, self.jsonl:  # leaving it, the sample logs are written
             background = [
                 asyncio.create_task(self._tick(view)),
                 asyncio.create_task(elastic.run()),

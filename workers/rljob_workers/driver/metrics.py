@@ -1,16 +1,21 @@
-"""Run metrics: Prometheus gauges and counters, and one JSON line per train step."""
+"""Run metrics: Prometheus gauges and counters, one JSON line per train step, and the step's sample log."""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from rljob_workers.driver.controller.eval_report import EvalReport
 from rljob_workers.driver.controller.report import Counts, StepReport
+from rljob_workers.driver.sample_log import SampleLog
+from rljob_workers.driver.summary import METRICS_JSONL
+from rljob_workers.driver.trackers import Trackers
 
 COUNT_HELP = {
     "generated": "Completions received from rollout",
@@ -23,6 +28,69 @@ COUNT_HELP = {
     "filtered": "Samples of groups dynamic sampling dropped (all rewards equal)",
     "masked_truncated": "Samples cut at maxNewTokens and left out of the loss (overlong.maskTruncated)",
 }
+
+
+class EvalGauges:
+    """The newest round of the held-out eval (spec.data.eval), made by RunMetrics' `gauge`."""
+
+    def __init__(self, gauge: Callable[..., Gauge]) -> None:
+        self.step = gauge("rljob_eval_step", "Train steps completed when the newest held-out eval round ran")
+        self.reward_mean = gauge("rljob_eval_reward_mean", "Mean reward on the held-out eval, newest round")
+        self.reward = gauge(
+            "rljob_eval_reward", "Mean score of each reward function on the held-out eval, newest round", "function"
+        )
+        self.pass_at_k = gauge("rljob_eval_pass_at_k", "pass@k (unbiased) on the held-out eval, newest round", "k")
+
+    def update(self, labels: dict[str, str], report: EvalReport) -> None:
+        self.step.labels(**labels).set(report.step)
+        self.reward_mean.labels(**labels).set(report.reward_mean)
+        for function, mean in report.rewards.items():
+            self.reward.labels(**labels, function=function).set(mean)
+        for k, value in report.pass_at_k.items():
+            self.pass_at_k.labels(**labels, k=str(k)).set(value)
+
+
+class SignalGauges:
+    """Each step's training signals: the trainer's loss terms and the samples' lengths, per-function rewards and
+    throughput, made by RunMetrics' `gauge`."""
+
+    # The trainer's metrics (StepReport.train_metrics) with a gauge of their own, an attribute each.
+    TRAINER = ("policy_loss", "clip_fraction", "grad_norm", "entropy")
+
+    def __init__(self, gauge: Callable[..., Gauge]) -> None:
+        self.policy_loss = gauge("rljob_policy_loss", "Policy (surrogate) loss of the last train step")
+        self.kl = gauge(
+            "rljob_kl",
+            "KL of the last step's tokens: to the reference policy (klCoef > 0), and of the trained policy to "
+            "the one that sampled them (behaviour, k3)",
+            "to",
+        )
+        self.clip_fraction = gauge("rljob_clip_fraction", "Share of the last step's tokens whose ratio was clipped")
+        self.grad_norm = gauge("rljob_grad_norm", "Gradient norm of the last step, before clipping (maxGradNorm)")
+        self.entropy = gauge("rljob_entropy", "Mean entropy of the sampling distribution over the last step's tokens")
+        self.response_length = gauge(
+            "rljob_response_length_tokens", "Completion length of the last step's samples (mean, max)", "stat"
+        )
+        self.function_reward = gauge(
+            "rljob_reward_function_mean", "Mean score of each reward function over the last batch", "function"
+        )
+        self.tokens_per_second = gauge(
+            "rljob_trained_tokens_per_second", "Completion tokens the last train step trained per second"
+        )
+
+    def update(self, labels: dict[str, str], report: StepReport) -> None:
+        """The trainer's loss terms (those it computed: no KL to a reference without one) and the samples'."""
+        for name in self.TRAINER:
+            if name in report.train_metrics:
+                getattr(self, name).labels(**labels).set(report.train_metrics[name])
+        for name, to in (("kl_ref", "reference"), ("kl_reward", "reference"), ("approx_kl", "behaviour")):
+            if name in report.train_metrics:
+                self.kl.labels(**labels, to=to).set(report.train_metrics[name])
+        self.response_length.labels(**labels, stat="mean").set(report.response_length_mean)
+        self.response_length.labels(**labels, stat="max").set(report.response_length_max)
+        for function, mean in report.reward_by_function.items():
+            self.function_reward.labels(**labels, function=function).set(mean)
+        self.tokens_per_second.labels(**labels).set(report.tokens_per_second)
 
 
 class RunMetrics:
@@ -60,6 +128,8 @@ class RunMetrics:
             "|rollout engine log-prob - trainer log-prob| of the last step's tokens the trained weights generated",
             "stat",
         )
+        self.signals = SignalGauges(gauge)
+        self.eval = EvalGauges(gauge)
         self.filtered_groups = Counter(
             "rljob_filtered_groups",
             "Prompt groups dynamic sampling dropped (all rewards equal)",
@@ -95,6 +165,9 @@ class RunMetrics:
         self.reward_replicas.labels(**self.labels, state="desired").set(desired)
         self.reward_replicas.labels(**self.labels, state="ready").set(ready)
 
+    def update_eval(self, report: EvalReport) -> None:
+        self.eval.update(self.labels, report)
+
     def update(self, report: StepReport) -> None:
         self.step.labels(**self.labels).set(report.step)
         self.version.labels(**self.labels).set(report.version)
@@ -108,6 +181,7 @@ class RunMetrics:
         for stat, value in (("mean", report.logprob_mismatch_mean), ("max", report.logprob_mismatch_max)):
             if value is not None:
                 self.mismatch.labels(**self.labels, stat=stat).set(value)
+        self.signals.update(self.labels, report)
         if report.counts.filtered_groups > self._seen.filtered_groups:
             self.filtered_groups.labels(**self.labels).inc(report.counts.filtered_groups - self._seen.filtered_groups)
         for outcome in COUNT_HELP:
@@ -118,9 +192,10 @@ class RunMetrics:
 
 
 def report_record(report: StepReport) -> dict[str, Any]:
-    """One JSON-able line of metrics.jsonl."""
-    record = asdict(report)
+    """One JSON-able line of metrics.jsonl (the logged samples go to their own files: `sample_log`)."""
+    record = asdict(replace(report, logged_samples=[]))  # not copied only to be dropped
     record["counts"] = asdict(report.counts)
+    del record["logged_samples"]
     return record
 
 
@@ -131,15 +206,40 @@ class JsonlWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
 
-    def write(self, report: StepReport, **extra: Any) -> None:
+    def write(self, report: StepReport, **extra: Any) -> dict[str, Any]:
         """The step's line: the report's fields, then `extra`'s, in one write (a buffered file wrote a line
-        longer than its buffer in pieces, and a reader following the run saw half of it)."""
-        line = (json.dumps({**report_record(report), **extra}) + "\n").encode()
+        longer than its buffer in pieces, and a reader following the run saw half of it). Returns the line."""
+        record = {**report_record(report), **extra}
         descriptor = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(descriptor, line)
+            os.write(descriptor, (json.dumps(record) + "\n").encode())
         finally:
             os.close(descriptor)
+        return record
+
+
+class StepLog:
+    """Each step's report in the run's output folder: its line of metrics.jsonl, and its logged samples
+    (spec.logging.samples) in samples/, written in the background; the line's numbers go to the trackers
+    (spec.logging.trackers). A context: leaving it waits for the samples."""
+
+    def __init__(self, output: Path, trackers: Trackers | None = None) -> None:
+        self.metrics = JsonlWriter(output / METRICS_JSONL)
+        self.samples = SampleLog(output)
+        self.trackers = trackers or Trackers()
+
+    def write(self, report: StepReport, **extra: Any) -> None:
+        self.trackers.log(report.step, self.metrics.write(report, **extra))
+        self.samples.write(report)
+
+    def close(self) -> None:
+        self.samples.close()
+
+    def __enter__(self) -> StepLog:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

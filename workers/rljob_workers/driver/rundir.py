@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import IO, Any
 
 from rljob_api.workercfg import WorkerConfigs
-from rljob_workers.driver.controller.data import PromptSource, load_prompts
+from rljob_workers.driver.controller.data import PromptSource, chat_prompts, load_prompts
 from rljob_workers.driver.setup import SetupError
-from rljob_workers.driver.summary import METRICS_JSONL
+from rljob_workers.driver.summary import EVAL_JSONL, METRICS_JSONL
 from rljob_workers.trainer import checkpoint
 
 LOCK_FILE = ".rljob.lock"
@@ -115,8 +115,14 @@ def starting_point(
             *(resume_dir, int(state.get("step", 0)), int(state.get("policy_version", 0))),
         )
     data = configs.controller.data
-    prompts = load_prompts(data.path, data.prompt_field, data.fields, configs.controller.algorithm.seed, data.shuffle)
+    chat = chat_prompts(configs.controller.model_path, data.chat_template, data.messages_field, data.system_prompt)
+    prompts = load_prompts(
+        *(data.path, data.prompt_field, data.fields, configs.controller.algorithm.seed, data.shuffle),
+        messages_field=data.messages_field,
+        chat=chat,
+    )
     if state:
         prompts.restore(state["data"])
     cut_metrics_after(output / METRICS_JSONL, int(state.get("step", 0)))
+    cut_metrics_after(output / EVAL_JSONL, int(state.get("step", 0)))  # a step's round comes before its checkpoint
     return resume_dir, state, prompts

@@ -19,8 +19,10 @@ from pathlib import Path
 from rljob_api import RLJob, derive_worker_configs, load_rljob
 from rljob_api.reward import RewardFunction
 from rljob_api.workercfg import WorkerConfigs
+from rljob_workers.common.chat import has_chat_template
 from rljob_workers.common.freeze import frozen_names
 from rljob_workers.driver.controller.data import DataError, read_rows
+from rljob_workers.driver.trackers import TrackerError, check_installed
 from rljob_workers.reward.base import RewardConfigError
 from rljob_workers.reward.callables import load_function
 from rljob_workers.reward.functions import RESERVED_ARGS
@@ -64,9 +66,11 @@ def check_quickly(
         job.spec.algorithm.total_steps = steps
     check_data(job)
     check_engines(job, rollout_python, rollout=rollout_engine)
+    check_trackers(job)
     check_rewards(job)
     for path, field in _model_folders(job):
         check_model_folder(path, field)
+    check_chat_template(job)
     check_freeze(job)
 
 
@@ -89,6 +93,8 @@ def resolved_configs(job: RLJob, *, cluster: bool) -> WorkerConfigs:
     """The pools' configs, with the job's local paths made absolute (and, on a cluster, its ports free)."""
     job.spec.model.path = str(Path(job.spec.model.path).resolve())
     job.spec.data.path = str(Path(job.spec.data.path).resolve())
+    if job.spec.data.eval is not None:
+        job.spec.data.eval.path = str(Path(job.spec.data.eval.path).resolve())
     job.spec.checkpoint.dir = str(Path(job.spec.checkpoint.dir).resolve())
     configs = derive_worker_configs(job)
     if cluster:
@@ -185,19 +191,41 @@ def weight_names(folder: Path) -> list[str] | None:
 
 
 def check_data(job: RLJob) -> None:
-    """The data file exists, is a file, and every row parses with the prompt and fields the spec names."""
+    """The data file (and the eval file, where spec.data.eval is set) exists, is a file, and every row parses
+    with the prompt and fields the spec names."""
     data = job.spec.data
-    path = Path(data.path)
+    _check_rows(job, data.path, "spec.data.path")
+    if data.eval is not None:
+        _check_rows(job, data.eval.path, "spec.data.eval.path")
+
+
+def _check_rows(job: RLJob, file: str, field: str) -> None:
+    data = job.spec.data
+    path = Path(file)
     if not path.exists():
-        raise SetupError(f"spec.data.path: {data.path} does not exist{_hint(data.path)}")
+        raise SetupError(f"{field}: {file} does not exist{_hint(file)}")
     if not path.is_file():
-        raise SetupError(f"spec.data.path: {data.path} is a directory, not a JSON-lines file")
+        raise SetupError(f"{field}: {file} is a directory, not a JSON-lines file")
     try:
-        read_rows(path, data.prompt_field, list(data.fields))
+        read_rows(path, data.prompt_field, list(data.fields), data.messages_field)
     except DataError as exc:
-        raise SetupError(f"spec.data.path: {exc}") from None
+        raise SetupError(f"{field}: {exc}") from None
     except UnicodeDecodeError as exc:
-        raise SetupError(f"spec.data.path: {data.path}: not UTF-8 text ({exc.reason})") from None
+        raise SetupError(f"{field}: {file}: not UTF-8 text ({exc.reason})") from None
+
+
+def check_chat_template(job: RLJob) -> None:
+    """Messages data and a system prompt go into the model's chat template: a model without one is refused."""
+    data, model = job.spec.data, job.spec.model.path
+    if data.chat_template == "off" or has_chat_template(model):
+        return
+    where = "tokenizer_config.json's chat_template or chat_template.jinja"
+    if data.messages_field is not None:
+        raise SetupError(
+            f"spec.data.messagesField: the model {model} has no chat template to render messages with ({where})"
+        )
+    if data.system_prompt is not None:
+        raise SetupError(f"spec.data.systemPrompt: the model {model} has no chat template to put it in ({where})")
 
 
 def _indexed(functions: list[RewardFunction]) -> Iterator[tuple[str, RewardFunction]]:
@@ -208,12 +236,13 @@ def _indexed(functions: list[RewardFunction]) -> Iterator[tuple[str, RewardFunct
 def check_rewards(job: RLJob) -> None:
     """Every rule imports and accepts the job's fields (reward model folders: `check_models`)."""
     fields = [f for f in job.spec.data.fields if f not in RESERVED_ARGS]
+    messages = job.spec.data.messages_field is not None
     for where, function in _indexed(job.spec.reward.functions):
         if function.rule is not None:
-            _check_rule(f"{where}.rule.function", function, fields)
+            _check_rule(f"{where}.rule.function", function, fields, messages=messages)
 
 
-def _check_rule(field: str, function: RewardFunction, fields: list[str]) -> None:
+def _check_rule(field: str, function: RewardFunction, fields: list[str], *, messages: bool = False) -> None:
     assert function.rule is not None
     ref = function.rule.function
     try:
@@ -225,12 +254,15 @@ def _check_rule(field: str, function: RewardFunction, fields: list[str]) -> None
     except (TypeError, ValueError):
         return  # a builtin or C callable: nothing to check before it is called
     # What the reward pool passes besides the fields: `sample` and `judge` to a rule that declares them.
-    extra = {name: None for name in ("sample", "judge") if declares(fn, name)}
+    extra: dict[str, object] = {name: None for name in ("sample", "judge") if declares(fn, name)}
+    if messages:  # messages data: the conversation too
+        extra["messages"] = []
     try:
         signature.bind(prompt="", completion="", **dict.fromkeys(fields, ""), **extra)
     except TypeError as exc:
+        given = "prompt, completion" + (", messages (spec.data.messagesField)" if messages else "")
         raise SetupError(
-            f"{field}: {ref}{signature} cannot be called with prompt, completion"
+            f"{field}: {ref}{signature} cannot be called with {given}"
             f"{''.join(', ' + f for f in fields)} (spec.data.fields): {exc}"
         ) from None
 
@@ -258,6 +290,15 @@ def check_engines(job: RLJob, rollout_python: str | None = None, *, rollout: boo
         if engine == "vllm" and field == "spec.rollout.engine":
             hint += ", or build its own environment with envs/vllm.sh and pass its python as --rollout-python"
         raise SetupError(f"{field}: engine {engine} is not installed ({hint})")
+
+
+def check_trackers(job: RLJob) -> None:
+    """Every tracker spec.logging.trackers names is installed. Its folder and tracking URI are checked once the
+    run's output is known (`trackers.check_startable`), before Ray starts too."""
+    try:
+        check_installed(job.spec.logging)
+    except TrackerError as exc:
+        raise SetupError(str(exc)) from None
 
 
 def check_ports_free(ports: dict[str, int]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from rljob_api.workercfg import TERMINATION_LOG_ENV
 
 METRICS_JSONL = "metrics.jsonl"  # one line per train step, in the run's output folder
 REWARD_CURVE = "reward-curve.png"
+EVAL_JSONL = "eval.jsonl"  # one line per held-out eval round (spec.data.eval)
 
 
 @dataclass
@@ -47,6 +49,7 @@ def summary_lines(end: RunEnd) -> list[str]:
             lines.append(f"resume with:  rljob run {end.job_file} --resume --output {end.output}")
     if end.scored is not None:
         lines.append("reward scored: " + ", ".join(f"{n} {k}" for n, k in end.scored.items()))
+    lines.extend(eval_lines(end.output / EVAL_JSONL))
     if plots(end):
         lines.append(f"metrics:      {end.output / METRICS_JSONL}")
         lines.append(f"reward curve: {end.output / REWARD_CURVE}")
@@ -56,3 +59,19 @@ def summary_lines(end: RunEnd) -> list[str]:
 def plots(end: RunEnd) -> bool:
     """Whether the run has a reward curve to draw."""
     return end.trained and (end.output / METRICS_JSONL).exists()
+
+
+def eval_lines(path: Path) -> list[str]:
+    """The held-out eval's reward at the first round (step 0) and at the last, and the file of every round."""
+    if not path.exists():
+        return []
+    rounds = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rounds:
+        return []
+    first, last = rounds[0], rounds[-1]
+    passes = "  ".join(f"pass@{k} {v:.3f}" for k, v in last["pass_at_k"].items())
+    return [
+        f"eval reward:  {first['reward_mean']:.3f} at step {first['step']} -> {last['reward_mean']:.3f} at step "
+        f"{last['step']} ({passes})",
+        f"eval rounds:  {path}",
+    ]

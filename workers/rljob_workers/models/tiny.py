@@ -12,6 +12,11 @@ because the correct answer is in the policy's support and the fix is one behavio
 by all prompts. (Value noise, such as a random digit in place of a right one, was tried
 and rejected: it taught the model worse arithmetic and capped the reward RL could reach.)
 
+The ``arithmetic-chat`` task builds the same model as a chat model: its tokenizer carries a
+chat template (`CHAT_TEMPLATE`) and the warm-up reads each problem as the template renders it
+under the task's system prompt (longer prompts: more warm-up steps), so templated prompts are tested
+for real.
+
 The build is deterministic given the spec (on one machine and thread count) and takes
 about 35 s of one CPU core. It is idempotent: a marker file records the spec's digest,
 and a directory whose marker matches is returned as it is.
@@ -49,6 +54,19 @@ PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 # Digits and operators for arithmetic; a little punctuation and lowercase for later tasks.
 CHARS = "0123456789+-*/=()., abcdefghijklmnopqrstuvwxyz"
+# Tasks with a tiny model: the plain one (no chat template, like a base model) and its chat form, with
+# what each sets apart from TinyModelSpec's defaults.
+TASKS: dict[str, dict[str, Any]] = {"arithmetic": {}, "arithmetic-chat": {"sft_steps": 1000}}
+# The chat model's template, in its own characters and special tokens: `<s>`, the system prompt ended
+# by `</s>`, the user's question, then "=" opens the assistant's answer (the generation prompt).
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] }}{{ eos_token }}"
+    "{% elif message['role'] == 'user' %}{{ message['content'] }}"
+    "{% elif message['role'] == 'assistant' %}={{ message['content'] }}{{ eos_token }}"
+    "{% else %}{{ raise_exception('the tiny chat model knows the roles system, user and assistant') }}"
+    "{% endif %}{% endfor %}{% if add_generation_prompt %}={% endif %}"
+)
 # Wrong forms of a correct answer t (see the module docstring).
 WRONG_FORMS = ("leading-zero", "times-ten", "no-stop")
 
@@ -76,7 +94,10 @@ class TinyModelSpec:
     threads: int = 1
 
     def digest(self) -> str:
-        blob = json.dumps({"format": FORMAT_VERSION, **asdict(self)}, sort_keys=True)
+        recipe: dict[str, Any] = {"format": FORMAT_VERSION, **asdict(self)}
+        if self.task == "arithmetic-chat":  # its template and system prompt shape what it learns
+            recipe.update(template=CHAT_TEMPLATE, system_prompt=arithmetic.SYSTEM_PROMPT)
+        blob = json.dumps(recipe, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -86,9 +107,9 @@ def make_tiny_model(out_dir: str | Path, task: str = "arithmetic", seed: int = 0
     ``overrides`` are :class:`TinyModelSpec` fields (``sft_steps=200`` for a quick test
     build). A directory that exists without this module's marker is never overwritten.
     """
-    spec = TinyModelSpec(task=task, seed=seed, **overrides)
-    if spec.task != "arithmetic":
-        raise ValueError(f"task {spec.task!r} has no tiny model; known: 'arithmetic'")
+    if task not in TASKS:
+        raise ValueError(f"task {task!r} has no tiny model; known: {', '.join(TASKS)}")
+    spec = TinyModelSpec(task=task, seed=seed, **{**TASKS[task], **overrides})
     out = Path(out_dir)
     if read_marker(out).get("digest") == spec.digest():
         return out
@@ -183,20 +204,21 @@ def wrong_form(answer: str, form: str) -> str:
 
 
 def label_table(
-    tokenizer: PreTrainedTokenizerBase, problems: list[dict[str, str]]
+    tokenizer: PreTrainedTokenizerBase, problems: list[dict[str, str]], *, templated: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids ``[P, 1 + len(WRONG_FORMS), L]`` of every problem with every label.
 
     Variant 0 is the correct answer, variant i the i-th wrong form; each row is
     ``<s> prompt label </s>``, right-padded. The second tensor is the loss mask: the
-    label and ``</s>``, not the prompt or padding.
+    label and ``</s>``, not the prompt or padding. A `templated` prompt holds its ``<s>`` already.
     """
+    special = not templated
     texts, prompt_lens = [], []
     for p in problems:
         labels = [p["answer"], *(wrong_form(p["answer"], f) for f in WRONG_FORMS)]
         texts += [p["prompt"] + lab + EOS for lab in labels]
-        prompt_lens += [len(tokenizer(p["prompt"])["input_ids"])] * len(labels)
-    enc = tokenizer(texts, padding=True, padding_side="right", return_tensors="pt")
+        prompt_lens += [len(tokenizer(p["prompt"], add_special_tokens=special)["input_ids"])] * len(labels)
+    enc = tokenizer(texts, padding=True, padding_side="right", return_tensors="pt", add_special_tokens=special)
     ids, attn = enc["input_ids"], enc["attention_mask"]
     positions = torch.arange(ids.shape[1]).expand_as(ids)
     loss_mask = (positions >= torch.tensor(prompt_lens)[:, None]) & (attn == 1)
@@ -207,6 +229,18 @@ def label_table(
 def _all_problems(min_operand: int, max_operand: int) -> list[dict[str, str]]:
     span = range(min_operand, max_operand + 1)
     return [arithmetic.problem(a, b) for a in span for b in span]
+
+
+def chat_prompts(tokenizer: PreTrainedTokenizerBase, problems: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The problems with each prompt as the chat template renders its messages row under the task's system
+    prompt (as examples/arithmetic-chat.yaml prompts the model)."""
+    out = []
+    for p in problems:
+        row: Any = arithmetic.chat_row(p)
+        messages = [{"role": "system", "content": arithmetic.SYSTEM_PROMPT}, *row["messages"]]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        out.append({"prompt": str(text), "answer": p["answer"]})
+    return out
 
 
 def _lr_at(step: int, spec: TinyModelSpec, warmup: int = 50, floor: float = 0.1) -> float:
@@ -222,7 +256,11 @@ def _lr_at(step: int, spec: TinyModelSpec, warmup: int = 50, floor: float = 0.1)
 
 def sft_warmup(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerBase, spec: TinyModelSpec) -> float:
     """Train on weak labels (see the module docstring); returns the last batch's loss."""
-    ids, loss_mask = label_table(tokenizer, _all_problems(spec.min_operand, spec.max_operand))
+    problems = _all_problems(spec.min_operand, spec.max_operand)
+    chat = spec.task == "arithmetic-chat"
+    if chat:
+        problems = chat_prompts(tokenizer, problems)
+    ids, loss_mask = label_table(tokenizer, problems, templated=chat)
     gen = torch.Generator().manual_seed(spec.seed)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, betas=(0.9, 0.98), weight_decay=0.0)
     model.train()
@@ -254,9 +292,11 @@ def sample_exact_match(
     temperature: float = 1.0,
     max_new_tokens: int = 8,
     seed: int = 0,
+    templated: bool = False,
 ) -> float:
-    """Mean exact-match reward of one sampled completion per problem."""
-    enc = tokenizer([p["prompt"] for p in problems], padding=True, return_tensors="pt")
+    """Mean exact-match reward of one sampled completion per problem (`templated`: prompts that hold their `<s>`)."""
+    prompts = [p["prompt"] for p in problems]
+    enc = tokenizer(prompts, padding=True, return_tensors="pt", add_special_tokens=not templated)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         out = model.generate(**enc, do_sample=True, temperature=temperature, max_new_tokens=max_new_tokens)
@@ -272,12 +312,17 @@ def _build(spec: TinyModelSpec, out: Path) -> None:
     torch.set_num_threads(spec.threads)
     try:
         tokenizer = char_tokenizer(max_length=spec.max_positions)
+        chat = spec.task == "arithmetic-chat"
+        if chat:
+            tokenizer.chat_template = CHAT_TEMPLATE
         with torch.random.fork_rng(devices=[]):  # leave the caller's RNG as it was
             torch.manual_seed(spec.seed)
             model = build_model(tokenizer, spec)
         final_loss = sft_warmup(model, tokenizer, spec)
         held_out = arithmetic.make_problems(512, spec.seed + 1, spec.max_operand, spec.min_operand)
-        base_reward = sample_exact_match(model, tokenizer, held_out, seed=spec.seed)
+        if chat:
+            held_out = chat_prompts(tokenizer, held_out)
+        base_reward = sample_exact_match(model, tokenizer, held_out, seed=spec.seed, templated=chat)
     finally:
         torch.set_num_threads(threads)
     model.save_pretrained(out)

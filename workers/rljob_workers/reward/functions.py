@@ -3,8 +3,9 @@
 Four kinds (built by `kinds.build_functions` from the job's spec):
 
 - ``rule``: a Python function loaded by ``module.path:function``, called as
-  ``fn(prompt=..., completion=..., **fields)`` with the sample's data fields; it returns a
-  number (bools count as 0/1) and may be sync or async. An async one that declares a
+  ``fn(prompt=..., completion=..., **fields)`` with the sample's data fields (and ``messages=``,
+  the conversation, for messages data; ``prompt`` is as the chat template rendered it, where one
+  applies); it returns a number (bools count as 0/1) and may be sync or async. An async one that declares a
   ``judge`` parameter also gets ``judge=``, a client of this replica's disrm/genrm models
   (`modelpool.Judge`: ``await judge.generate(text)``, ``await judge.grade(prompt, completion)``,
   ``await judge.score(prompt, completion)``), so LLM-as-a-judge and hybrid rule-plus-model
@@ -58,7 +59,7 @@ __all__ = [
 
 # Keyword arguments the caller fills in itself; a data field with one of these names is dropped
 # (datasets commonly keep the prompt as a field too) instead of failing every call with a TypeError.
-RESERVED_ARGS = frozenset({"prompt", "completion"})
+RESERVED_ARGS = frozenset({"prompt", "completion", "messages"})
 
 # Sync functions run in a thread pool so that one slow function does not stall the event loop.
 DEFAULT_MAX_WORKERS = 32
@@ -240,7 +241,8 @@ async def _within(awaitable: Awaitable[object], timeout: float | None) -> object
 
 
 def _kwargs(function: WeightedFunction, sample: sample_pb2.RewardSample) -> dict[str, Any]:
-    """A rule's keyword arguments: the data fields, prompt, completion and, when it takes them, judge and sample."""
+    """A rule's keyword arguments: the data fields, prompt, completion, the conversation of messages data
+    (`messages`: a list of {role, content}) and, when it takes them, judge and sample."""
     extra: dict[str, Any] = {}
     if function.judge is not None:
         extra["judge"] = function.judge
@@ -249,4 +251,6 @@ def _kwargs(function: WeightedFunction, sample: sample_pb2.RewardSample) -> dict
     reserved = RESERVED_ARGS | extra.keys()
     kwargs: dict[str, Any] = {k: v for k, v in sample.fields.items() if k not in reserved}
     kwargs.update(prompt=sample.prompt, completion=sample.completion, **extra)
+    if sample.messages:
+        kwargs["messages"] = [{"role": m.role, "content": m.content} for m in sample.messages]
     return kwargs

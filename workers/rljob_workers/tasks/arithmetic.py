@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 # Default operand range, inclusive: two-digit operands, so every prompt has one layout
@@ -34,6 +34,18 @@ def problem(a: int, b: int) -> dict[str, str]:
     return {"prompt": f"{a}+{b}=", "answer": str(a + b)}
 
 
+# The chat form (the arithmetic-chat task): a row holds the question as a user message, without
+# the "=" that the tiny chat model's template adds as its generation prompt, and the system prompt
+# its warm-up used is the one examples/arithmetic-chat.yaml gives it.
+SYSTEM_PROMPT = "add."
+
+
+def chat_row(problem: dict[str, str]) -> dict[str, object]:
+    """A problem as a messages row: ``{"messages": [{"role": "user", "content": "23+58"}], "answer": "81"}``."""
+    question = problem["prompt"].removesuffix("=")
+    return {"messages": [{"role": "user", "content": question}], "answer": problem["answer"]}
+
+
 def make_problems(
     n: int, seed: int, max_operand: int = MAX_OPERAND, min_operand: int = MIN_OPERAND
 ) -> list[dict[str, str]]:
@@ -48,7 +60,25 @@ def make_problems(
     return [problem(a, b) for a, b in pairs]
 
 
-def write_jsonl(path: str | Path, problems: Iterable[dict[str, str]]) -> Path:
+def held_out_problems(
+    n: int,
+    seed: int,
+    train: Iterable[Mapping[str, object]],
+    max_operand: int = MAX_OPERAND,
+    min_operand: int = MIN_OPERAND,
+) -> list[dict[str, str]]:
+    """``n`` problems none of which is among ``train``'s prompts: a held-out split of the task, drawn in an
+    order of its own ``seed`` from every problem of the operand range that training does not hold."""
+    seen = {p["prompt"] for p in train}
+    operands = range(min_operand, max_operand + 1)
+    unseen = [p for p in (problem(a, b) for a in operands for b in operands) if p["prompt"] not in seen]
+    if len(unseen) < n:
+        raise ValueError(f"only {len(unseen)} problems of the operand range are not in the training prompts, not {n}")
+    random.Random(seed).shuffle(unseen)
+    return unseen[:n]
+
+
+def write_jsonl(path: str | Path, problems: Iterable[Mapping[str, object]]) -> Path:
     """Write problems one JSON object per line; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

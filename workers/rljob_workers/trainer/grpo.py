@@ -90,6 +90,22 @@ def token_logprobs(logits: Tensor, target_ids: Tensor, temperature: float = 1.0,
     return torch.cat(out).reshape(target_ids.shape)
 
 
+@torch.no_grad()
+def entropy_sum(logits: Tensor, mask: Tensor, temperature: float = 1.0, chunk_rows: int = 4096) -> float:
+    """Summed entropy of ``softmax(logits / temperature)`` (the distribution the sampler draws from) over the
+    positions ``mask`` keeps; ``logits`` ``[B, T, V]`` aligned with ``mask`` ``[B, T]`` as for `token_logprobs`.
+    Only kept rows are computed, ``chunk_rows`` of float32 at a time, without a gradient; nor is ``logits`` copied
+    whole (a caller's ``logits[:, :-1]`` is no contiguous tensor: reshaping it would copy all of it)."""
+    total = logits.new_zeros((), dtype=torch.float32)
+    for row_logits, row_mask in zip(logits, mask, strict=True):
+        kept = row_mask.nonzero().squeeze(-1)
+        for start in range(0, kept.numel(), chunk_rows):
+            rows = row_logits.index_select(0, kept[start : start + chunk_rows]).float() / temperature
+            log_p = torch.log_softmax(rows, dim=-1)
+            total += torch.special.entr(log_p.exp()).sum()  # -p log p, 0 where p is (a -inf logit)
+    return float(total)
+
+
 def policy_loss(
     logprobs: Tensor,
     behaviour_logprobs: Tensor,

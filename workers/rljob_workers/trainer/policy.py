@@ -19,7 +19,15 @@ from rljob_api.workercfg import TrainerWorkerConfig
 from rljob_workers.common.device import resolve_dtype
 from rljob_workers.common.freeze import frozen_names
 from rljob_workers.trainer.correction import correction_weights, mismatch
-from rljob_workers.trainer.grpo import grpo_loss, kl_folded_returns, kl_per_token, moments, token_logprobs, whiten
+from rljob_workers.trainer.grpo import (
+    entropy_sum,
+    grpo_loss,
+    kl_folded_returns,
+    kl_per_token,
+    moments,
+    token_logprobs,
+    whiten,
+)
 from rljob_workers.trainer.microbatch import collate
 from rljob_workers.trainer.past_versions import PastVersions
 from rljob_workers.trainer.samples import TrainSample
@@ -123,12 +131,15 @@ class PolicyTrainer:
     def _sharded(self) -> bool:
         return self.world_size > 1 and self.config.strategy == "fsdp"
 
-    def _logprobs(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
+    def _logits(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
+        """The next-token logits, aligned with the batch's per-position tensors."""
         # autocast runs the fp32 masters in the compute dtype (FSDP casts them itself); token_logprobs works in fp32
         autocast = self.compute_dtype != torch.float32 and not self._sharded
         with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=autocast):
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-        return token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:], self.config.temperature)
+            return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+
+    def _logprobs(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
+        return token_logprobs(self._logits(model, batch), batch["input_ids"][:, 1:], self.config.temperature)
 
     def train_step(self, samples: Sequence[TrainSample], total_samples: int, total_tokens: int) -> dict[str, float]:
         """One train step: `miniBatches` optimizer steps over this rank's share of the batch.
@@ -240,7 +251,12 @@ class PolicyTrainer:
         before_updates: bool = False,
     ) -> None:
         batch = collate(micro, self.pad_id, self.device)
-        logprobs = self._logprobs(self.model, batch)
+        logits = self._logits(self.model, batch)
+        logprobs = token_logprobs(logits, batch["input_ids"][:, 1:], self.config.temperature)
+        # The sampler's entropy per response token; micro-batches' and ranks' shares add up to the batch's mean.
+        entropy = entropy_sum(logits, batch["mask"], self.config.temperature) * weight_scale / per_tokens
+        sums["entropy"] = sums.get("entropy", 0.0) + entropy
+        del logits  # not kept through the backward
         ref = None
         if self.reference is not None and self.algo.kl_in == "loss":
             with torch.no_grad():

@@ -61,7 +61,7 @@ class SampleCounts(_message.Message):
     def __init__(self, generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., discarded_stale: _Optional[int] = ..., excluded_reward_error: _Optional[int] = ..., lost_replica: _Optional[int] = ..., reward_retries: _Optional[int] = ..., waiting_for_reward: _Optional[int] = ..., filtered: _Optional[int] = ..., filtered_groups: _Optional[int] = ..., masked_truncated: _Optional[int] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("phase", "step", "total_steps", "policy_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max", "samples_per_second", "rollout", "trainer", "reward", "samples", "checkpoint", "message", "elapsed_seconds", "reward_wait_reason", "run_id", "restarts")
+    __slots__ = ("phase", "step", "total_steps", "policy_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max", "samples_per_second", "rollout", "trainer", "reward", "samples", "checkpoint", "message", "elapsed_seconds", "reward_wait_reason", "run_id", "restarts", "eval")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,7 @@ class JobStatus(_message.Message):
     REWARD_WAIT_REASON_FIELD_NUMBER: _ClassVar[int]
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_FIELD_NUMBER: _ClassVar[int]
     phase: RunPhase
     step: int
     total_steps: int
@@ -100,7 +101,36 @@ class JobStatus(_message.Message):
     reward_wait_reason: str
     run_id: str
     restarts: _containers.RepeatedCompositeFieldContainer[Restart]
-    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., rollout: _Optional[_Union[PoolStatus, _Mapping]] = ..., trainer: _Optional[_Union[PoolStatus, _Mapping]] = ..., reward: _Optional[_Union[PoolStatus, _Mapping]] = ..., samples: _Optional[_Union[SampleCounts, _Mapping]] = ..., checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ..., reward_wait_reason: _Optional[str] = ..., run_id: _Optional[str] = ..., restarts: _Optional[_Iterable[_Union[Restart, _Mapping]]] = ...) -> None: ...
+    eval: EvalResult
+    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., rollout: _Optional[_Union[PoolStatus, _Mapping]] = ..., trainer: _Optional[_Union[PoolStatus, _Mapping]] = ..., reward: _Optional[_Union[PoolStatus, _Mapping]] = ..., samples: _Optional[_Union[SampleCounts, _Mapping]] = ..., checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ..., reward_wait_reason: _Optional[str] = ..., run_id: _Optional[str] = ..., restarts: _Optional[_Iterable[_Union[Restart, _Mapping]]] = ..., eval: _Optional[_Union[EvalResult, _Mapping]] = ...) -> None: ...
+
+class EvalResult(_message.Message):
+    __slots__ = ("step", "policy_version", "reward_mean", "rewards", "pass_at_k")
+    class RewardsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class PassAtKEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
+    PASS_AT_K_FIELD_NUMBER: _ClassVar[int]
+    step: int
+    policy_version: int
+    reward_mean: float
+    rewards: _containers.ScalarMap[str, float]
+    pass_at_k: _containers.ScalarMap[int, float]
+    def __init__(self, step: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward_mean: _Optional[float] = ..., rewards: _Optional[_Mapping[str, float]] = ..., pass_at_k: _Optional[_Mapping[int, float]] = ...) -> None: ...
 
 class Restart(_message.Message):
     __slots__ = ("pool", "replica", "cause", "replacement", "seconds", "step")

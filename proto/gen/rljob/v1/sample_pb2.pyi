@@ -79,7 +79,7 @@ class Completion(_message.Message):
     def __init__(self, sample_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., index: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., last_policy_version: _Optional[int] = ...) -> None: ...
 
 class RewardSample(_message.Message):
-    __slots__ = ("sample_id", "prompt_id", "prompt", "completion", "fields", "token_ids", "policy_version")
+    __slots__ = ("sample_id", "prompt_id", "prompt", "completion", "fields", "token_ids", "policy_version", "messages")
     class FieldsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class RewardSample(_message.Message):
     FIELDS_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     sample_id: str
     prompt_id: str
     prompt: str
@@ -101,7 +102,16 @@ class RewardSample(_message.Message):
     fields: _containers.ScalarMap[str, str]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     policy_version: int
-    def __init__(self, sample_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt: _Optional[str] = ..., completion: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., policy_version: _Optional[int] = ...) -> None: ...
+    messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
+    def __init__(self, sample_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt: _Optional[str] = ..., completion: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., policy_version: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
+
+class ChatMessage(_message.Message):
+    __slots__ = ("role", "content")
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_FIELD_NUMBER: _ClassVar[int]
+    role: str
+    content: str
+    def __init__(self, role: _Optional[str] = ..., content: _Optional[str] = ...) -> None: ...
 
 class ScoreError(_message.Message):
     __slots__ = ("error_class", "message", "function", "refusal")

@@ -19,6 +19,7 @@ class StepBatch:
     prompt_ids: list[str]
     truncated: int  # scored samples cut at maxNewTokens
     masked: int  # of those, left out of the loss (overlong.maskTruncated)
+    advantages: list[float]  # of every scored sample of the groups, in the groups' order
 
 
 def shaped_rewards(samples: list[Sample], algorithm: Algorithm, max_new_tokens: int) -> list[float]:
@@ -72,4 +73,5 @@ def train_batch(groups: list[Group], version: int, algorithm: Algorithm, max_new
         prompt_ids=[g.prompt.prompt_id for g in groups],
         truncated=truncated,
         masked=len(scored) - len(kept),
+        advantages=found,
     )

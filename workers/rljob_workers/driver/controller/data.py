@@ -4,6 +4,10 @@ Prompts are handed out in a seeded order, epoch after epoch. A prompt handed out
 "pending" until the trainer has trained on its group; a checkpoint stores the cursor and
 the pending prompts, so a resumed run re-issues exactly the prompts that were not yet
 trained and skips every prompt that was.
+
+A row holds plain text (spec.data.promptField) or a conversation (messagesField). Where the model's
+chat template applies, every row is rendered once, as the data is read (`common.chat`), and its
+prompt goes to the rollout pool as token ids.
 """
 
 from __future__ import annotations
@@ -11,13 +15,28 @@ from __future__ import annotations
 import json
 import random
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from rljob_workers.common.chat import Message, conversation, has_chat_template, load_template_tokenizer, render
 
 
 class DataError(ValueError):
     """A data file that cannot be used; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the data: the prompt's text (as rendered, where the chat template applies), the fields
+    passed to reward functions, the conversation of messages data, and the rendered prompt's token ids
+    (empty: the rollout replica tokenises the text)."""
+
+    text: str
+    fields: dict[str, str]
+    messages: tuple[Message, ...] | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -27,10 +46,21 @@ class Prompt:
     prompt_id: str
     text: str
     fields: dict[str, str]
+    messages: tuple[Message, ...] | None = None
+    token_ids: tuple[int, ...] = ()
 
 
-def read_rows(path: Path, prompt_field: str, fields: list[str]) -> list[tuple[str, dict[str, str]]]:
-    """Every (prompt, fields) row of a JSON-lines file; a bad row is an error, never skipped."""
+@dataclass(frozen=True)
+class ChatPrompts:
+    """Render the rows with the chat template of the model at `model_path`, after `system_prompt`."""
+
+    model_path: str
+    system_prompt: str | None = None
+
+
+def read_rows(path: Path, prompt_field: str, fields: list[str], messages_field: str | None = None) -> list[Row]:
+    """Every row of a JSON-lines file, its prompt in `messages_field` if set, else in `prompt_field`; a bad
+    row is an error, never skipped."""
     rows = []
     with path.open() as handle:
         for number, line in enumerate(handle, start=1):
@@ -40,25 +70,72 @@ def read_rows(path: Path, prompt_field: str, fields: list[str]) -> list[tuple[st
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise DataError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
-            rows.append(_row(row, prompt_field, fields, f"{path}:{number}"))
+            where = f"{path}:{number}"
+            if messages_field is not None:
+                rows.append(_messages_row(row, messages_field, fields, where))
+            else:
+                rows.append(_row(row, prompt_field, fields, where))
     if not rows:
         raise DataError(f"{path}: no prompts")
     return rows
 
 
-def _row(row: object, prompt_field: str, fields: list[str], where: str) -> tuple[str, dict[str, str]]:
+def _row(row: object, prompt_field: str, fields: list[str], where: str) -> Row:
     """One row's prompt text and fields; a missing, null or non-text value is an error naming it."""
+    values = _fields(row, [prompt_field, *fields], where)
+    if not isinstance(values[prompt_field], str):
+        raise DataError(f"{where}: field {prompt_field} is {_kind(values[prompt_field])}, not text")
+    return Row(values[prompt_field], _reward_fields(values, fields, where))
+
+
+def _messages_row(row: object, messages_field: str, fields: list[str], where: str) -> Row:
+    """One row's conversation and fields; anything but a non-empty list of {role, content} texts is an error."""
+    values = _fields(row, [messages_field, *fields], where)
+    messages = values[messages_field]
+    if not isinstance(messages, list):
+        raise DataError(f"{where}: field {messages_field} is {_kind(messages)}, not a list of {{role, content}}")
+    if not messages:
+        raise DataError(f"{where}: field {messages_field} holds no messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not all(isinstance(message.get(k), str) for k in ("role", "content")):
+            raise DataError(f"{where}: {messages_field}[{index}] is not a {{role, content}} message of texts")
+    turns = tuple({"role": m["role"], "content": m["content"]} for m in messages)
+    return Row("", _reward_fields(values, fields, where), messages=turns)
+
+
+def _fields(row: object, names: list[str], where: str) -> dict[str, Any]:
     if not isinstance(row, dict):
         raise DataError(f"{where}: a {type(row).__name__}, not a JSON object")
-    missing = [f for f in [prompt_field, *fields] if f not in row]
+    missing = [f for f in names if f not in row]
     if missing:
         raise DataError(f"{where}: missing field(s) {', '.join(missing)}")
-    if not isinstance(row[prompt_field], str):
-        raise DataError(f"{where}: field {prompt_field} is {_kind(row[prompt_field])}, not text")
+    return row
+
+
+def _reward_fields(row: dict[str, Any], fields: list[str], where: str) -> dict[str, str]:
     bad = [f for f in fields if row[f] is None or isinstance(row[f], (dict, list))]
     if bad:
         raise DataError(f"{where}: field {bad[0]} is {_kind(row[bad[0]])}, not a value")
-    return row[prompt_field], {f: str(row[f]) for f in fields}
+    return {f: str(row[f]) for f in fields}
+
+
+def chat_rows(rows: Sequence[Row], chat: ChatPrompts) -> list[Row]:
+    """The rows with their prompts rendered by the model's chat template: text and token ids."""
+    tokenizer = load_template_tokenizer(chat.model_path)
+    texts, ids = render(tokenizer, [conversation(r.text, r.messages, chat.system_prompt) for r in rows])
+    return [replace(r, text=t, token_ids=tuple(i)) for r, t, i in zip(rows, texts, ids, strict=True)]
+
+
+def chat_prompts(
+    model_path: str, chat_template: str, messages_field: str | None, system_prompt: str | None
+) -> ChatPrompts | None:
+    """How the data's prompts are rendered: with the model's template (spec.data.chatTemplate auto and the
+    model has one), or not at all (None). Messages data without a template is an error."""
+    if chat_template == "auto" and has_chat_template(model_path):
+        return ChatPrompts(model_path, system_prompt)
+    if messages_field is not None:
+        raise DataError(f"spec.data.messagesField: the model {model_path} has no chat template to render messages")
+    return None
 
 
 def _kind(value: object) -> str:
@@ -69,7 +146,7 @@ def _kind(value: object) -> str:
 class PromptSource:
     """Hands out prompts in seeded epoch order and remembers which are not yet trained."""
 
-    rows: list[tuple[str, dict[str, str]]]
+    rows: list[Row]
     seed: int
     shuffle: bool = True
     epoch: int = 0
@@ -88,8 +165,7 @@ class PromptSource:
         return order
 
     def _prompt(self, row: int) -> Prompt:
-        text, fields = self.rows[row]
-        return Prompt(f"e{self.epoch}-{row}", text, fields)
+        return _as_prompt(f"e{self.epoch}-{row}", self.rows[row])
 
     def next(self) -> Prompt:
         """The next prompt: one handed back first, else the next of the epoch order."""
@@ -128,15 +204,28 @@ class PromptSource:
         self.pending.clear()
         self._retry.clear()
         for prompt_id in state["pending"]:
-            text, fields = self.rows[int(prompt_id.rsplit("-", 1)[1])]
-            prompt = Prompt(prompt_id, text, fields)
+            prompt = _as_prompt(prompt_id, self.rows[int(prompt_id.rsplit("-", 1)[1])])
             self.pending[prompt_id] = prompt
             self._retry.append(prompt)
 
 
-def load_prompts(path: str | Path, prompt_field: str, fields: list[str], seed: int, shuffle: bool) -> PromptSource:
-    """A PromptSource over a JSON-lines file."""
+def _as_prompt(prompt_id: str, row: Row) -> Prompt:
+    return Prompt(prompt_id, row.text, row.fields, row.messages, row.token_ids)
+
+
+def load_prompts(
+    path: str | Path,
+    prompt_field: str,
+    fields: list[str],
+    seed: int,
+    shuffle: bool,
+    *,
+    messages_field: str | None = None,
+    chat: ChatPrompts | None = None,
+) -> PromptSource:
+    """A PromptSource over a JSON-lines file, its prompts rendered by `chat` (None: as they are)."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"spec.data.path: {path} does not exist")
-    return PromptSource(read_rows(path, prompt_field, fields), seed=seed, shuffle=shuffle)
+    rows = read_rows(path, prompt_field, fields, messages_field)
+    return PromptSource(chat_rows(rows, chat) if chat else rows, seed=seed, shuffle=shuffle)

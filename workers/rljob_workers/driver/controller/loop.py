@@ -30,8 +30,9 @@ import grpc
 from rljob.v1 import sample_pb2
 from rljob_api.algorithm import Algorithm
 from rljob_api.workercfg import ControllerConfig
-from rljob_workers.driver.controller.batch import StepBatch, informative, train_batch
+from rljob_workers.driver.controller.batch import informative, train_batch
 from rljob_workers.driver.controller.data import Prompt, PromptSource
+from rljob_workers.driver.controller.evaluation import Evaluation
 from rljob_workers.driver.controller.groups import Group, GroupTracker, Sample, dispatch_allowed, staleness
 from rljob_workers.driver.controller.idle import BusyClock
 from rljob_workers.driver.controller.messages import contiguous_runs, generate_request, received_sample
@@ -42,12 +43,11 @@ from rljob_workers.driver.controller.report import (
     Scorer,
     StepReport,
     Trainer,
-    mismatch_of,
 )
 from rljob_workers.driver.controller.rollout_clients import Replica, ReplicaLost, RolloutClients
 from rljob_workers.driver.controller.scoring import RewardScoring
+from rljob_workers.driver.controller.step_report import step_report
 from rljob_workers.trainer.checkpoint import step_dir
-from rljob_workers.trainer.samples import mean_and_std
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class Controller(RewardScoring):
     # under way (WeightSync.overlapped), which the next train step may overlap.
     sync_weights: Callable[[int], Awaitable[Any]]
     on_step: Callable[[StepReport], None] = lambda report: None
+    evaluation: Evaluation | None = None  # the held-out eval (spec.data.eval)
     step: int = 0
     version: int = 0
     counts: Counts = field(default_factory=Counts)
@@ -85,6 +86,8 @@ class Controller(RewardScoring):
         if self.algo.dynamic_sampling.enabled:  # DAPO: a group with nothing to learn frees its place at once
             budget = self.config.sampling.max_new_tokens
             self.tracker.informative = lambda group: informative(group, self.algo, budget)
+        if self.evaluation is not None:  # a round waiting for a rollout replica gives up when the run ends
+            self.evaluation.halted = lambda: self._failure is not None or self.stop.is_set()
 
     @property
     def algo(self) -> Algorithm:
@@ -101,6 +104,8 @@ class Controller(RewardScoring):
         dispatcher = asyncio.create_task(self._dispatch_loop())
         stop_watch = asyncio.create_task(self._wake_on_stop())
         try:
+            if self.evaluation is not None and self.step == 0:  # the policy before its first update
+                await self.evaluation.at_step(0, self.algo.total_steps, None, self.wake)
             while self.step < self.algo.total_steps and not self.stop.is_set():
                 await self._train_one_step()
             if self._release is not None and not self.stop.is_set():
@@ -156,7 +161,19 @@ class Controller(RewardScoring):
         checkpoint_due = self._checkpointed_now()
         written = str(step_dir(Path(self.config.checkpoint.dir), self.step)) if checkpoint_due else self.last_checkpoint
         times = {"step_seconds": time.monotonic() - started, "wait_seconds": started - waited, "sync_seconds": synced}
-        self.on_step(self._report(groups, filtered, batch, metrics, written, times))
+        report = step_report(
+            *(groups, filtered, batch, metrics),
+            step=self.step,
+            version=self.version,
+            counts=Counts(**vars(self.counts)),
+            elapsed_seconds=time.monotonic() - self._started,
+            checkpoint=written,
+            times=times,
+            log_samples=self.config.logging.samples,
+        )
+        self.on_step(report)
+        if self.evaluation is not None:  # when due, on the version just published once it is out
+            await self.evaluation.at_step(self.step, self.algo.total_steps, self._release, self.wake)
         # The line before its checkpoint: a trainer dying in between leaves a line the resume cuts.
         if checkpoint_due:
             self.last_checkpoint = await self.trainer.save_checkpoint(self.step, self.version, self.state())
@@ -167,45 +184,6 @@ class Controller(RewardScoring):
         self.counts.filtered += sum(len(group.scored) for group in filtered)
         for group in filtered:
             self.prompts.filtered(group.prompt.prompt_id)
-
-    def _report(
-        self,
-        groups: list[Group],
-        filtered: list[Group],
-        batch: StepBatch,
-        metrics: dict[str, float],
-        checkpoint: str | None,
-        times: dict[str, float],
-    ) -> StepReport:
-        """The step's report. Its reward and truncated share cover every group the step used up, dropped ones
-        too: under dynamic sampling the trained groups alone are the policy's middling prompts."""
-        filtered_rewards = [float(s.reward or 0.0) for group in filtered for s in group.scored]
-        reward_mean, reward_std = mean_and_std(batch.rewards + filtered_rewards)
-        scored = len(batch.rewards) + len(filtered_rewards)
-        truncated = batch.truncated + sum(1 for group in filtered for s in group.scored if s.truncated)
-        mismatch_mean, mismatch_max = mismatch_of(metrics)
-        return StepReport(
-            step=self.step,
-            version=self.version,
-            reward_mean=reward_mean,
-            reward_std=reward_std,
-            staleness_mean=sum(batch.lags) / max(len(batch.lags), 1),
-            staleness_max=max(batch.lags, default=0),
-            samples=len(batch.samples),
-            prompt_ids=batch.prompt_ids,
-            train_metrics=metrics,
-            elapsed_seconds=time.monotonic() - self._started,
-            counts=Counts(**vars(self.counts)),
-            checkpoint=checkpoint,
-            group_latency_max=max((g.latency or 0.0 for g in groups), default=0.0),
-            group_reward_means=[mean_and_std([float(s.reward or 0.0) for s in g.scored])[0] for g in groups],
-            filtered_prompt_ids=[g.prompt.prompt_id for g in filtered],
-            filtered_reward_means=[mean_and_std([float(s.reward or 0.0) for s in g.scored])[0] for g in filtered],
-            truncated_fraction=truncated / max(scored, 1),
-            logprob_mismatch_mean=mismatch_mean,
-            logprob_mismatch_max=mismatch_max,
-            **times,
-        )
 
     async def _release_groups(self, count: int, delivery: Awaitable[None] | None) -> None:
         if inspect.isawaitable(delivery):

@@ -16,8 +16,14 @@ def generate_request(config: ControllerConfig, prompt: Prompt, indices: list[int
     sampling = sample_pb2.SamplingParams(
         temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, max_new_tokens=s.max_new_tokens, stop=s.stop
     )
+    # A rendered prompt goes as its token ids (the template wrote its special tokens); plain text is
+    # tokenised by the replica.
     request = rollout_pb.PromptRequest(
-        prompt_id=prompt.prompt_id, text=prompt.text, n=len(indices), first_index=indices[0]
+        prompt_id=prompt.prompt_id,
+        token_ids=prompt.token_ids,
+        text="" if prompt.token_ids else prompt.text,
+        n=len(indices),
+        first_index=indices[0],
     )
     return rollout_pb.GenerateRequest(prompts=[request], sampling=sampling)
 
@@ -47,6 +53,7 @@ def reward_request(prompt: Prompt, sample: Sample) -> sample_pb2.RewardSample:
         fields=prompt.fields,
         token_ids=sample.token_ids,
         policy_version=sample.policy_version,
+        messages=[sample_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in prompt.messages or ()],
     )
 
 

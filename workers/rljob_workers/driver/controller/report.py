@@ -49,6 +49,22 @@ class Counts:
     masked_truncated: int = 0  # scored samples cut at maxNewTokens and left out of the loss (maskTruncated)
 
 
+@dataclass(frozen=True)
+class LoggedSample:
+    """One sample of a step as the sample logs keep it (spec.logging.samples): what a reader needs to see what
+    the policy said and what it earned."""
+
+    prompt_id: str
+    prompt: str
+    completion: str
+    scores: dict[str, float]  # each reward function's
+    reward: float  # their weighted sum
+    advantage: float
+    policy_version: int  # of its first token
+    last_policy_version: int  # of its last (the same unless a version came while it was generated)
+    truncated: bool  # cut at maxNewTokens
+
+
 @dataclass
 class StepReport:
     """What one train step did, for metrics, the display and the tests."""
@@ -80,6 +96,14 @@ class StepReport:
     # before the step's first update: the rollout engine's and the trainer's numerics apart (None: no such token).
     logprob_mismatch_mean: float | None = None
     logprob_mismatch_max: float | None = None
+    # Over the same samples as reward_mean: completion tokens, and each reward function's mean score.
+    response_length_mean: float = 0.0
+    response_length_max: int = 0
+    reward_by_function: dict[str, float] = field(default_factory=dict)
+    tokens_per_second: float = 0.0  # completion tokens trained per second of step_seconds
+    # spec.logging.samples of the step's trained samples, for samples/step-N.jsonl and the trackers (not in
+    # metrics.jsonl).
+    logged_samples: list[LoggedSample] = field(default_factory=list)
 
 
 def mismatch_of(metrics: dict[str, float]) -> tuple[float | None, float | None]:

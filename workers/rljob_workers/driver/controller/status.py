@@ -11,6 +11,7 @@ from google.protobuf import json_format
 
 from rljob.v1 import control_service_pb2 as pb
 from rljob.v1 import control_service_pb2_grpc as pb_grpc
+from rljob_workers.driver.controller.eval_report import EvalReport
 from rljob_workers.driver.controller.loop import Controller
 from rljob_workers.driver.controller.report import StepReport
 
@@ -60,11 +61,24 @@ class RunView:
             status.staleness_max = last.staleness_max
             status.elapsed_seconds = last.elapsed_seconds
             status.samples_per_second = counts.trained / max(last.elapsed_seconds, 1e-9)
+        if c.evaluation is not None and c.evaluation.last is not None:
+            status.eval.CopyFrom(eval_result(c.evaluation.last))
         idle = self.idle()
         for name, (desired, ready, drained) in self.pools().items():
             pool = pb.PoolStatus(desired=desired, ready=ready, drained=drained, idle_fraction=idle.get(name, 0.0))
             getattr(status, name).CopyFrom(pool)
         return status
+
+
+def eval_result(report: EvalReport) -> pb.EvalResult:
+    """An eval round as the status carries it."""
+    return pb.EvalResult(
+        step=report.step,
+        policy_version=report.policy_version,
+        reward_mean=report.reward_mean,
+        rewards=report.rewards,
+        pass_at_k=report.pass_at_k,
+    )
 
 
 # What the kubelet keeps of a container's termination message.
