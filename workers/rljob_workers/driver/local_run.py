@@ -328,8 +328,8 @@ class LocalRun:
                 return 0
             except (RunFailed, ray.exceptions.RayActorError) as exc:
                 view.phase, view.message = control_pb.RUN_PHASE_FAILED, first_line(exc) or type(exc).__name__
-                if self.trainer_watch.dead or isinstance(exc, ray.exceptions.RayActorError):
-                    return EXIT_TRAINER_LOST  # `rljob run` restarts the trainer group from the last checkpoint
+                if isinstance(exc, ray.exceptions.RayActorError) or await self.trainer_watch.check():  # died, any call
+                    return EXIT_TRAINER_LOST  # `rljob run` restarts the group from the last checkpoint
                 return 1
             finally:
                 for task in background:
