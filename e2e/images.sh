@@ -10,6 +10,7 @@
 #   e2e/images.sh worker-test      the worker-test image (`--target worker-test`) and its environment
 #   e2e/images.sh worker           the full worker image, once per dependency hash, smoke-tested
 #   e2e/images.sh check            exit 0 only if what `build` makes is there
+#   e2e/images.sh prune            drop all but the newest two deps/src builds (build does this too)
 #   e2e/images.sh env              RLJOB_E2E_* lines (image names, archives, environment) for eval
 #   e2e/images.sh import [ADDR] [full]  ctr -n k8s.io images import of the operator and worker-test
 #                                  archives (and the full worker's) into the containerd at ADDR
@@ -309,6 +310,29 @@ build_worker() {
   mv "${d}/worker-smoke.txt.tmp" "${d}/worker-smoke.txt"
 }
 
+# ---------------------------------------------------------------- prune
+# Each dependency change leaves a ~6 GB deps folder and a worker-test image behind; a disk that fills
+# makes Ray refuse to create objects. Keep this tree's build and the newest other one (another clone's
+# run may be using it), drop the rest.
+prune_stale() {
+  local kind keep dir tag
+  touch "${DEPS_DIR}" "${SRC_DIR}"
+  for kind in deps src; do
+    keep="$(ls -dt "${IMG}/${kind}-"* 2>/dev/null | head -n 2 | tr '\n' ' ')"
+    for dir in "${IMG}/${kind}-"*; do
+      [[ -d "${dir}" && " ${keep} " != *" ${dir} "* ]] || continue
+      log "prune: ${dir} ($(du -sh "${dir}" | cut -f1))"
+      rm -rf "${dir}"
+    done
+  done
+  for dir in "${IMG}"/base-*.tar; do
+    [[ -f "${dir}" && "${dir}" != "${BASE_TAR}" ]] && rm -f "${dir}"
+  done
+  for tag in $(bah images --format '{{.Name}}:{{.Tag}}' | sed -n 's|^rljob.e2e/rljob-worker-test:||p'); do
+    [[ -d "${IMG}/deps-${tag}" ]] || bah rmi -f "rljob.e2e/rljob-worker-test:${tag}" >/dev/null 2>&1 || true
+  done
+}
+
 # ---------------------------------------------------------------- main
 is_built() {
   [[ -s "${SRC_DIR}/operator.tar" && -s "${DEPS_DIR}/worker-test.tar" && -f "${SRC_DIR}/worker-env/.done" ]]
@@ -342,12 +366,14 @@ case "${1:-build}" in
     t0="$(e2e_now)"
     build_operator
     build_worker_env
+    prune_stale
     log "done in $(e2e_since "${t0}"): ${OPERATOR_IMAGE}, ${WORKER_TEST_IMAGE} + ${SRC_DIR}/worker-env"
     ;;
   operator) build_operator ;;
   worker-test) build_worker_env ;;
   worker) build_worker ;;
   check) is_built ;;
+  prune) prune_stale ;;
   env) print_env ;;
   import) import_all "${2:-}" "${3:-}" ;;
   smoke)
