@@ -54,6 +54,9 @@ def judged_job(namespace: str, image: str, name: str, steps: int, replicas: tupl
     doc["metadata"]["name"] = name
     spec = doc["spec"]
     spec["data"].update(path=f"/mnt/rljob/{DATA}", fields=["answer", "judge_seconds"], shuffle=False)
+    # No eval rounds: the example's held-out split has no judge_seconds (the driver refuses it, naming the line),
+    # and a round's samples would reach the judge beside the backlog this job measures.
+    spec["data"].pop("eval", None)
     spec["algorithm"].update(totalSteps=steps, promptsPerStep=PER_STEP)
     spec["checkpoint"].update(dir=f"/mnt/runs/{name}/checkpoints", everySteps=steps)
     spec["reward"].update(
