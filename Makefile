@@ -13,8 +13,8 @@ DATA_FILE ?= .cache/data/arithmetic-train.jsonl
 EVAL_FILE ?= .cache/data/arithmetic-eval.jsonl
 # Each phase says how long it took (and, under .ci/run, adds a row to its table of phases).
 PHASE := bash .ci/phase
-# The tests that can share the machine run on WORKERS processes (pytest-xdist, a file per worker at a
-# time); those marked `serial` run after them, alone, the real node's last (its control plane, shared by
+# The tests that can share the machine run on WORKERS processes (pytest-xdist, a file or an xdist_group
+# per worker at a time: tests/conftest.py); those marked `serial` run after them, alone, the real node's last (its control plane, shared by
 # its modules, stays up until that session ends: not beside the timed tests). JUnit files, for .ci/slowest.py.
 WORKERS ?= 2
 RESULTS := .cache/test-results
@@ -59,7 +59,7 @@ typecheck: setup
 # Every pytest run goes to the end; the slowest tests and modules of all are printed after them.
 test: lint typecheck
 	@rm -rf $(RESULTS); status=0; \
-	$(PHASE) "tests, parallel ($(WORKERS) workers)" $(BIN)/pytest -n $(WORKERS) --dist loadfile -m "not serial" \
+	$(PHASE) "tests, parallel ($(WORKERS) workers)" $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not serial" \
 		--junitxml=$(RESULTS)/parallel.xml || status=1; \
 	$(PHASE) "tests, serial" $(BIN)/pytest -m "serial and not node" --junitxml=$(RESULTS)/serial.xml || status=1; \
 	$(PHASE) "tests, real node" $(BIN)/pytest -m "serial and node" --junitxml=$(RESULTS)/node.xml || status=1; \

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import shutil
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -24,10 +25,20 @@ for _name, _value in RAY_LOCAL_NODE_ENV.items():
     os.environ.setdefault(_name, _value)
 
 # tests/leftovers.py: the session fails, naming it, when a test leaves something running.
-pytest_plugins = ("leftovers",)
+# tests/researcher_run.py: the one run of the example that several modules read back.
+pytest_plugins = ("leftovers", "researcher_run")
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`make test` runs pytest-xdist with --dist loadgroup: a module's tests stay on one worker (its module
+    fixtures run once), and modules marked with one xdist_group (a session fixture's readers) share one."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
 
 
 def load_script(path: Path, name: str) -> ModuleType:
@@ -72,19 +83,39 @@ def kill_process_tree(pid: int) -> None:
     psutil.wait_procs(tree, timeout=30)
 
 
-@pytest.fixture(scope="session")
-def example_model() -> Path:
-    """The shipped example's tiny model, where `make model` builds it (.cache/models/tiny-arith): built once
-    for every session and pytest-xdist worker that asks (a build is about 45 s of CPU), under a file lock,
-    and found there at once after (`make_tiny_model` checks the folder's marker against its recipe)."""
+# Tiny models built once per recipe on this machine, outside the clone: `.ci/run` starts from a fresh clone,
+# where the example's model is about 45 s of CPU to build and the chat model 4-5 minutes.
+MODEL_CACHE = Path(os.environ.get("RLJOB_MODEL_CACHE", Path.home() / ".cache" / "rljob" / "models"))
+
+
+def cached_tiny_model(folder: Path, task: str = "arithmetic") -> Path:
+    """`make_tiny_model(folder, task)`, copied from MODEL_CACHE/<task>-<recipe digest> (built there first when
+    missing); under file locks, so that every session and pytest-xdist worker may ask at once."""
     from filelock import FileLock
 
-    from rljob_workers.models.tiny import make_tiny_model
+    from rljob_workers.models.tiny import TASKS, TinyModelSpec, make_tiny_model, read_marker
 
-    folder = REPO / ".cache" / "models" / "tiny-arith"
+    digest = TinyModelSpec(task=task, **TASKS[task]).digest()
     folder.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{folder}.lock"):
-        return make_tiny_model(folder)
+        if read_marker(folder).get("digest") != digest:
+            cached = MODEL_CACHE / f"{task}-{digest}"
+            MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+            with FileLock(f"{cached}.lock"):
+                make_tiny_model(cached, task=task)
+            part = folder.parent / f".{folder.name}.copy-{os.getpid()}"
+            shutil.rmtree(part, ignore_errors=True)
+            shutil.copytree(cached, part)
+            shutil.rmtree(folder, ignore_errors=True)
+            part.rename(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def example_model() -> Path:
+    """The shipped example's tiny model, where `make model` builds it (.cache/models/tiny-arith): from the
+    machine's model cache (`cached_tiny_model`), found there at once after the first build."""
+    return cached_tiny_model(REPO / ".cache" / "models" / "tiny-arith")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
 import sys
 import time
@@ -15,17 +14,21 @@ from typing import Any
 
 import pytest
 import yaml
+from google.protobuf import json_format
 from prometheus_client import generate_latest
+from researcher_run import EVAL_EVERY, EVAL_K, EVAL_PROMPTS, GROUP, PROMPTS, RUN_GROUP, STEPS, ResearcherRun
 
 from rljob_api import RLJobInvalid, parse_rljob
 from rljob_workers.driver.controller.eval_report import EvalSample, pass_at_k, reported_ks, summarize
 from rljob_workers.driver.controller.evaluation import eval_due
 from rljob_workers.driver.eval_log import read_evals
 from rljob_workers.driver.ledger import read_ledger
-from rljob_workers.driver.metrics import RunMetrics, read_metrics
+from rljob_workers.driver.metrics import RunMetrics
 from rljob_workers.tasks.arithmetic import held_out_problems, make_problems, read_jsonl, write_jsonl
 
-from conftest import REPO, kill_process_tree
+from conftest import REPO
+
+pytestmark = pytest.mark.xdist_group(RUN_GROUP)
 
 RLJOB = str(Path(sys.executable).parent / "rljob")
 # Set-up refusals: well under a second of checks after the CLI's imports; the bound leaves room for a busy
@@ -173,66 +176,41 @@ def test_a_bad_eval_file_is_refused_in_one_line_before_ray(example_model, tmp_pa
     assert not (tmp_path / "out").exists(), "nothing of a run may start"
 
 
-# ---- a real run ----------------------------------------------------------------------------
-STEPS, EVERY, PER_STEP, EVAL_PROMPTS, K = 5, 2, 4, 12, 4
+# ---- a real run (tests/researcher_run.py) -----------------------------------------------------------
 
 
 @pytest.mark.ray
-def test_a_run_evaluates_at_step_0_every_n_steps_and_at_the_end_apart_from_training(example_model, tmp_path):
-    data = write_jsonl(tmp_path / "train.jsonl", make_problems(256, seed=10_000))
-    held_out = write_jsonl(tmp_path / "eval.jsonl", held_out_problems(2 * EVAL_PROMPTS, 7, read_jsonl(data)))
-    eval_spec = {
-        "path": str(held_out),
-        "everySteps": EVERY,
-        "prompts": EVAL_PROMPTS,
-        "samplesPerPrompt": K,
-        "sampling": {"temperature": 1.0},
-    }
-    job = _job(tmp_path, example_model, data, eval_spec, totalSteps=STEPS, groupSize=4, promptsPerStep=PER_STEP)
-    out, termination = tmp_path / "out", tmp_path / "termination.json"
-    env = {**os.environ, "RLJOB_TERMINATION_LOG": str(termination)}
-    run = subprocess.Popen(
-        [RLJOB, "run", str(job), "--no-display", "--output", str(out)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
-    try:
-        output, _ = run.communicate(timeout=400)
-    finally:
-        kill_process_tree(run.pid)
-    assert run.returncode == 0, output[-4000:]
-
-    rounds = read_evals(out / "eval.jsonl")
-    assert [r["step"] for r in rounds] == [0, 2, 4, 5]
+def test_a_run_evaluates_at_step_0_every_n_steps_and_at_the_end_apart_from_training(researcher_run: ResearcherRun):
+    rounds = researcher_run.evals
+    assert [r["step"] for r in rounds] == [*range(0, STEPS, EVAL_EVERY), STEPS]
     for r in rounds:
         assert r["policy_version"] == r["newest_version"] == r["step"], r  # the version just published, whole
-        assert (r["prompts"], r["samples"], r["reward_errors"]) == (EVAL_PROMPTS, EVAL_PROMPTS * K, 0)
+        assert (r["prompts"], r["samples"], r["reward_errors"]) == (EVAL_PROMPTS, EVAL_PROMPTS * EVAL_K, 0)
         passes = [r["pass_at_k"][str(k)] for k in (1, 2, 4)]
         assert passes == sorted(passes), r  # pass@4 >= pass@2 >= pass@1
         assert passes[0] == pytest.approx(r["reward_mean"])  # exact match scores 0 or 1: pass@1 is the mean
         assert r["rewards"] == pytest.approx({"exact-match": r["reward_mean"]})
 
-    records = read_metrics(out / "metrics.jsonl")
+    records = researcher_run.records
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))  # no eval line among the train steps
     trained = {p for r in records for p in r["prompt_ids"]}
     evaluated = {p for r in rounds for p in r["prompt_ids"]}
-    assert len(evaluated) == 4 * EVAL_PROMPTS and not trained & evaluated
+    assert len(evaluated) == len(rounds) * EVAL_PROMPTS and not trained & evaluated
     assert all(p.startswith("e0-") for p in trained), trained
-    ledger = read_ledger(out / "metrics.jsonl", STEPS, PER_STEP)
+    ledger = read_ledger(researcher_run.out / "metrics.jsonl", STEPS, PROMPTS)
     assert ledger.clean, ledger
     counts = records[-1]["counts"]
-    training_most = STEPS * PER_STEP * 4 + counts["discarded_stale"] + counts["lost_replica"]
-    assert counts["generated"] <= training_most, counts  # the eval's 192 completions are not counted
+    training_most = STEPS * PROMPTS * GROUP + counts["discarded_stale"] + counts["lost_replica"]
+    assert counts["generated"] <= training_most, counts  # the eval's completions are not counted
 
-    status = json.loads(termination.read_text())
-    assert status["eval"]["step"] == str(STEPS) and status["eval"]["rewardMean"] == pytest.approx(
-        rounds[-1]["reward_mean"]
-    )
+    # the final status (the termination log), as proto3 JSON: a reward mean of 0 is left out, so parsed back
+    from rljob.v1 import control_service_pb2 as control_pb
+
+    final = json_format.ParseDict(researcher_run.status, control_pb.JobStatus())
+    assert final.eval.step == STEPS and final.eval.reward_mean == pytest.approx(rounds[-1]["reward_mean"])
     first, last = rounds[0], rounds[-1]
     line = f"eval reward:  {first['reward_mean']:.3f} at step 0 -> {last['reward_mean']:.3f} at step {STEPS}"
-    assert line in output, output[-3000:]
+    assert line in researcher_run.output, researcher_run.output[-3000:]
 
 
 def test_the_operator_shows_the_newest_round_and_keeps_it_between_snapshots(example_doc):

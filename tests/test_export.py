@@ -1,6 +1,6 @@
-"""`rljob export` at the process boundary: a short real `rljob run` of the shipped example leaves checkpoints,
-`rljob export` turns one into a Hugging Face folder, and transformers (and vLLM, where its environment is built)
-load that folder as it is and generate what the trainer's model at that step generates.
+"""`rljob export` at the process boundary: the shared run of the shipped example (tests/researcher_run.py) leaves
+checkpoints, `rljob export` turns one into a Hugging Face folder, and transformers (and vLLM, where its environment
+is built) load that folder as it is and generate what the trainer's model at that step generates.
 
 The run's model is a copy of conftest's `example_model` given a chat template where it has none, so the
 template's way from the job's model through the checkpoint to the export is checked too.
@@ -18,54 +18,25 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from researcher_run import RUN_GROUP, STEPS, ResearcherRun
 
-from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
+from rljob_workers.tasks.arithmetic import make_problems
 
-from conftest import REPO, kill_process_tree
 from test_vllm import VLLM_PYTHON
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group(RUN_GROUP)]
 
 RLJOB = str(Path(sys.executable).parent / "rljob")
-STEPS = 3
 # A greedy completion's most tokens: the example's maxNewTokens and then some.
 NEW_TOKENS = 8
 # A set-up check reads a few paths: no torch, no transformers.
 BAD_INPUT_SECONDS = 2.0
-TEMPLATE = (
-    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
-)
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> dict[str, Path]:
-    """A `rljob run` of the shipped example for STEPS steps, checkpointing each (all kept): its folders."""
-    from transformers import AutoTokenizer
-
-    work = tmp_path_factory.mktemp("export-run")
-    model = work / "model"
-    shutil.copytree(example_model, model)
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    if tokenizer.chat_template is None:
-        tokenizer.chat_template = TEMPLATE
-        tokenizer.save_pretrained(model)
-    doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
-    spec = doc["spec"]
-    spec["model"]["path"] = str(model)
-    spec["data"]["path"] = str(write_jsonl(work / "train.jsonl", make_problems(256, seed=10_000)))
-    spec["algorithm"]["totalSteps"] = STEPS
-    spec["checkpoint"] = {"dir": str(work / "checkpoints"), "everySteps": 1, "keep": STEPS}
-    job = work / "job.yaml"
-    job.write_text(yaml.safe_dump(doc))
-    command = [RLJOB, "run", str(job), "--no-display", "--output", str(work / "out")]
-    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = run.communicate(timeout=600)
-    finally:
-        kill_process_tree(run.pid)
-    assert run.returncode == 0, output[-5000:]
-    return {"model": model, "checkpoints": work / "checkpoints"}
+def trained(researcher_run: ResearcherRun) -> dict[str, Path]:
+    """The shared run's job model (given a chat template) and its checkpoints: one per step, all kept."""
+    return {"model": researcher_run.model, "checkpoints": researcher_run.checkpoints}
 
 
 def export(*args: str) -> subprocess.CompletedProcess[str]:

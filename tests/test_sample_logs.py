@@ -1,55 +1,25 @@
-"""Sample logs (spec.logging.samples): a short `rljob run` of the shipped example leaves samples/step-NNNNNN.jsonl
+"""Sample logs (spec.logging.samples): the shared run (tests/researcher_run.py) leaves samples/step-NNNNNN.jsonl
 in its output for every step, spec.logging.samples lines each, and each line agrees with the step's line of
-metrics.jsonl. About 35 s on 2 cores, the tiny model aside."""
+metrics.jsonl."""
 
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
-from typing import Any
 
 import pytest
-from example_job import example_job, start_run
+from researcher_run import LOGGED, PROMPTS, RUN_GROUP, STEPS, ResearcherRun
 
-from rljob_workers.driver.metrics import read_metrics
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group(RUN_GROUP)]
 
-from conftest import kill_process_tree
-
-pytestmark = pytest.mark.ray
-
-STEPS, PROMPTS, GROUP, LOGGED = 3, 4, 4, 6
 FIELDS = {
     "step", "prompt_id", "prompt", "completion", "scores", "reward", "advantage", "policy_version",
     "last_policy_version", "truncated",
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> dict[str, Any]:
-    """The run's exit code, log, metrics.jsonl records and its output folder."""
-    work = tmp_path_factory.mktemp("sample-logs")
-    job = example_job(
-        work,
-        example_model,
-        {"totalSteps": STEPS, "promptsPerStep": PROMPTS, "groupSize": GROUP},
-        logging={"samples": LOGGED},
-    )
-    log = work / "run.log"
-    process = start_run(job, work / "out", log)
-    try:
-        process.wait(timeout=300)
-    finally:
-        if process.poll() is None:
-            kill_process_tree(process.pid)
-        process.wait()
-    records = read_metrics(work / "out" / "metrics.jsonl")
-    return {"rc": process.returncode, "log": log.read_text(), "records": records, "out": work / "out"}
-
-
-def test_every_step_has_its_file_of_the_configured_count(run: dict[str, Any]) -> None:
-    assert run["rc"] == 0, run["log"][-3000:]
-    folder = run["out"] / "samples"
+def test_every_step_has_its_file_of_the_configured_count(researcher_run: ResearcherRun) -> None:
+    folder = researcher_run.out / "samples"
     # Each file renamed into place once written whole: no part-written one is left beside them.
     assert sorted(p.name for p in folder.iterdir()) == [f"step-{s:06d}.jsonl" for s in range(1, STEPS + 1)]
     for step in range(1, STEPS + 1):
@@ -62,12 +32,12 @@ def test_every_step_has_its_file_of_the_configured_count(run: dict[str, Any]) ->
             assert sample["prompt"] and isinstance(sample["completion"], str)
 
 
-def test_each_sample_agrees_with_its_step(run: dict[str, Any]) -> None:
+def test_each_sample_agrees_with_its_step(researcher_run: ResearcherRun) -> None:
     """Scores, rewards and advantages of each logged sample, against the step's line of metrics.jsonl: the
     group's mean reward there gives its GRPO advantage, (r - mean) / (std + 1e-6) with a 0/1 reward."""
-    for record in run["records"]:
+    for record in researcher_run.records:
         step = record["step"]
-        lines = (run["out"] / "samples" / f"step-{step:06d}.jsonl").read_text().splitlines()
+        lines = (researcher_run.out / "samples" / f"step-{step:06d}.jsonl").read_text().splitlines()
         samples = [json.loads(line) for line in lines]
         group_means = dict(zip(record["prompt_ids"], record["group_reward_means"], strict=True))
         # A group at a time in turn: the first PROMPTS lines are the step's PROMPTS prompts, one each.

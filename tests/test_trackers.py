@@ -1,7 +1,7 @@
-"""spec.logging.trackers: a real `rljob run` of the shipped example records each step in TensorBoard, W&B
-(offline) and MLflow (a file store), each read back with the tracker's own reader and compared with the
-run's metrics.jsonl; a tracker that cannot start is refused in one line naming it, before Ray starts.
-"""
+"""spec.logging.trackers: the shared run of the shipped example (tests/researcher_run.py) records each step in
+TensorBoard, W&B (offline) and MLflow (a file store), each read back with the tracker's own reader and compared
+with the run's metrics.jsonl and eval.jsonl; a tracker that cannot start is refused in one line naming it, before
+Ray starts."""
 
 from __future__ import annotations
 
@@ -17,26 +17,24 @@ from typing import Any
 
 import pytest
 import yaml
+from researcher_run import GROUP, RUN_GROUP, STEPS, WANDB_PROJECT, ResearcherRun
 
 from rljob_api import RLJobInvalid, parse_rljob
 from rljob_api.tracking import LoggingSpec
-from rljob_workers.driver.eval_log import read_evals
-from rljob_workers.driver.metrics import read_metrics
 from rljob_workers.driver.trackers.base import scalars
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
 from conftest import REPO
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.xdist_group(RUN_GROUP)]
 
 RLJOB = str(Path(sys.executable).parent / "rljob")
-STEPS = 4
 # A refusal reads the job and looks for each tracker's library and folder: well under 2 s alone, given more
 # beside another test on this shared machine (the time is printed).
 REFUSAL_SECONDS = 5.0
 
 
-EVAL_EVERY = 2  # eval rounds at steps 0, 2 and 4
+EVAL_EVERY = 2
 
 
 @pytest.fixture(scope="module")
@@ -74,35 +72,21 @@ def _run(job: Path, out: Path, env: dict[str, str] | None = None) -> tuple[subpr
     return done, time.monotonic() - started
 
 
-# ---- the trackers record the run ----------------------------------------------------------------------------------
+# ---- the trackers record the run (tests/researcher_run.py: all three, W&B offline, MLflow's default store) -------
 
 
-@pytest.fixture(scope="module")
-def tracked_run(tmp_path_factory: pytest.TempPathFactory, example_model: Path, data: dict[str, Path]) -> dict[str, Any]:
-    """One run with all three trackers: W&B offline, MLflow at its default (a file store in the output)."""
-    work = tmp_path_factory.mktemp("tracked")
-    logging = {"trackers": ["tensorboard", "wandb", "mlflow"], "wandb": {"mode": "offline", "project": "rljob-test"}}
-    done, _ = _run(_job(work, example_model, data, logging), work / "out", {"WANDB_MODE": "online"})
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    records = read_metrics(work / "out" / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
-    evals = read_evals(work / "out" / "eval.jsonl")
-    assert [e["step"] for e in evals] == list(range(0, STEPS + 1, EVAL_EVERY))
-    return {"out": work / "out", "records": records, "evals": evals, "stdout": done.stdout}
-
-
-def test_tensorboard_has_every_step_of_metrics_jsonl(tracked_run: dict[str, Any]) -> None:
+def test_tensorboard_has_every_step_of_metrics_jsonl(researcher_run: ResearcherRun) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(tracked_run["out"] / "tensorboard"))
+    events = EventAccumulator(str(researcher_run.out / "tensorboard"))
     events.Reload()
-    records = tracked_run["records"]
+    records = researcher_run.records
     for tag in ("reward_mean", "train_metrics/policy_loss", "counts/generated"):
         logged = [(e.step, e.value) for e in events.Scalars(tag)]
         expected = [(r["step"], pytest.approx(scalars(r)[tag], rel=1e-6)) for r in records]  # float32 in the file
         assert logged == expected, tag
     logged = [(e.step, e.value) for e in events.Scalars("eval/reward_mean")]
-    assert logged == [(e["step"], pytest.approx(e["reward_mean"], rel=1e-6)) for e in tracked_run["evals"]]
+    assert logged == [(e["step"], pytest.approx(e["reward_mean"], rel=1e-6)) for e in researcher_run.evals]
     assert "eval/pass_at_k/1" in events.Tags()["scalars"]
     settings = events.Tensors("config")[0].tensor_proto.string_val[0].decode()
     assert "| `algorithm.learningRate` | `0.0001` |" in settings
@@ -134,8 +118,8 @@ def _wandb_records(path: Path) -> Iterator[Any]:
             yield record
 
 
-def test_wandb_offline_run_has_every_step_and_the_config(tracked_run: dict[str, Any]) -> None:
-    folders = sorted((tracked_run["out"] / "wandb").glob("offline-run-*"))
+def test_wandb_offline_run_has_every_step_and_the_config(researcher_run: ResearcherRun) -> None:
+    folders = sorted((researcher_run.out / "wandb").glob("offline-run-*"))
     assert len(folders) == 1, "spec.logging.wandb.mode offline wins over WANDB_MODE=online"
     (log,) = folders[0].glob("*.wandb")
     records = list(_wandb_records(log))
@@ -144,14 +128,14 @@ def test_wandb_offline_run_has_every_step_and_the_config(tracked_run: dict[str, 
         for r in records
         if r.WhichOneof("record_type") == "history"
     }
-    assert sorted(history) == [0] + [r["step"] for r in tracked_run["records"]]  # 0: the eval before training
-    for record in tracked_run["records"]:
+    assert sorted(history) == [0] + [r["step"] for r in researcher_run.records]  # 0: the eval before training
+    for record in researcher_run.records:
         assert history[record["step"]]["reward_mean"] == pytest.approx(record["reward_mean"])
         assert history[record["step"]]["counts/generated"] == record["counts"]["generated"]
-    for evaluation in tracked_run["evals"]:  # at the step it ran: in the row of that step's train numbers
+    for evaluation in researcher_run.evals:  # at the step it ran: in the row of that step's train numbers
         assert history[evaluation["step"]]["eval/reward_mean"] == pytest.approx(evaluation["reward_mean"])
     (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
-    assert (run.project, run.display_name) == ("rljob-test", "arithmetic")
+    assert (run.project, run.display_name) == (WANDB_PROJECT, "arithmetic")
     config = {item.key: json.loads(item.value_json) for item in run.config.update}
     assert config["algorithm"]["learningRate"] == 0.0001 and config["algorithm"]["name"] == "grpo"
     (end,) = [r.exit for r in records if r.WhichOneof("record_type") == "exit"]
@@ -159,28 +143,28 @@ def test_wandb_offline_run_has_every_step_and_the_config(tracked_run: dict[str, 
 
 
 def test_mlflow_file_store_has_every_step_and_the_settings(
-    tracked_run: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    researcher_run: ResearcherRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3's opt-in to read a file store
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=(tracked_run["out"] / "mlruns").as_uri())
+    client = MlflowClient(tracking_uri=(researcher_run.out / "mlruns").as_uri())
     experiment = client.get_experiment_by_name("arithmetic")  # the job's name
     assert experiment is not None
     (run,) = client.search_runs([experiment.experiment_id])
     assert (run.info.run_name, run.info.status) == ("arithmetic", "FINISHED")
     history = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "reward_mean")]
-    assert history == [(r["step"], pytest.approx(r["reward_mean"])) for r in tracked_run["records"]]
+    assert history == [(r["step"], pytest.approx(r["reward_mean"])) for r in researcher_run.records]
     history = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "eval/reward_mean")]
-    assert history == [(e["step"], pytest.approx(e["reward_mean"])) for e in tracked_run["evals"]]
+    assert history == [(e["step"], pytest.approx(e["reward_mean"])) for e in researcher_run.evals]
     params = run.data.params
     assert params["algorithm.name"] == "grpo" and params["algorithm.learningRate"] == "0.0001"
-    assert params["algorithm.groupSize"] == "8" and params["algorithm.totalSteps"] == str(STEPS)
+    assert params["algorithm.groupSize"] == str(GROUP) and params["algorithm.totalSteps"] == str(STEPS)
     assert params["algorithm.advantageEstimator"] == "group-relative"  # the preset's, as the run used it
 
 
-def test_trackers_leave_the_terminal_to_the_run(tracked_run: dict[str, Any]) -> None:
-    assert "wandb:" not in tracked_run["stdout"]
+def test_trackers_leave_the_terminal_to_the_run(researcher_run: ResearcherRun) -> None:
+    assert "wandb:" not in researcher_run.output
 
 
 # ---- set-up refusals ----------------------------------------------------------------------------------------------
