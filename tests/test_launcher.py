@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import ray
 
 from rljob_workers.driver import launcher, ray_node
+from rljob_workers.driver.controller.report import RunFailed
 from rljob_workers.driver.launcher import ActorPool
+from rljob_workers.driver.supervisor import EXIT_TRAINER_LOST, TrainerWatch, failed_run_exit_code
 
 pytestmark = pytest.mark.ray
 
@@ -59,3 +62,25 @@ def test_a_replica_that_does_not_stop_in_its_grace_period_is_killed(local_ray, m
     assert 1.0 <= seconds < 10, seconds
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(actor.ping.remote(), timeout=30)  # type: ignore[attr-defined]
+
+
+class TrainerRank:
+    """Answers pings, like a trainer rank's actor."""
+
+    async def pod_name(self) -> str:
+        return ""
+
+
+def test_a_run_failed_by_a_call_that_saw_the_trainer_die_first_restarts_the_trainer(local_ray):
+    """A weight delivery's error (RunFailed) reaches the run before the trainer watch's next ping: the run
+    still ends with EXIT_TRAINER_LOST (restart from the checkpoint) where a rank is dead, and 1 where not."""
+    actor: Any = ray.remote(TrainerRank).remote()
+    ray.get(actor.pod_name.remote(), timeout=60)
+    failed = RunFailed("weight delivery to rollout-0 failed: the trainer's stream ended")
+
+    async def exit_code() -> int:
+        return await failed_run_exit_code(failed, TrainerWatch([actor]))
+
+    assert asyncio.run(exit_code()) == 1  # a live trainer: the run failed for another reason
+    ray.kill(actor)
+    assert asyncio.run(exit_code()) == EXIT_TRAINER_LOST

@@ -132,7 +132,8 @@ def _run_with_restarts(
 ) -> int:
     """Run the job; a dead trainer group starts again from the last checkpoint, spec.trainer.maxRestarts times.
     The trackers record every attempt as one run."""
-    from rljob_workers.driver.local_run import EXIT_TRAINER_LOST, LocalRun
+    from rljob_workers.driver.local_run import LocalRun
+    from rljob_workers.driver.supervisor import EXIT_TRAINER_LOST
 
     budget = configs.controller.max_restarts["trainer"]
     from rljob_workers.driver.supervisor import RestartHistory

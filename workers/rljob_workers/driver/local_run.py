@@ -16,7 +16,7 @@ from rljob.v1 import control_service_pb2 as control_pb
 from rljob.v1 import control_service_pb2_grpc as control_grpc
 from rljob_api import RLJob
 from rljob_api.workercfg import WorkerConfigs
-from rljob_workers.common.auth import JobToken, TokenError
+from rljob_workers.common.auth import JobToken
 from rljob_workers.common.grpc_server import RunningServer, Service, start_server
 from rljob_workers.driver import rollout_env, summary
 from rljob_workers.driver.controller.elastic import ElasticRewardPool
@@ -34,24 +34,19 @@ from rljob_workers.driver.metrics import RunMetrics, StepLog, plot_rewards
 from rljob_workers.driver.ray_node import init_local_ray, init_ray, shutdown_ray
 from rljob_workers.driver.reward_router import RewardRouter
 from rljob_workers.driver.rundir import lock_run_folders, starting_point
-from rljob_workers.driver.setup import SetupError, first_line
+from rljob_workers.driver.setup import first_line, job_token
 from rljob_workers.driver.stopping import SignalStop
-from rljob_workers.driver.supervisor import PoolSupervisor, Restart, RestartHistory, TrainerWatch, supervise
+from rljob_workers.driver.supervisor import (
+    PoolSupervisor,
+    Restart,
+    RestartHistory,
+    TrainerWatch,
+    failed_run_exit_code,
+    supervise,
+)
 from rljob_workers.driver.trackers import Trackers
 
 log = logging.getLogger("rljob")
-
-# A trainer rank died: the run ends here and `rljob run` starts it again from the last checkpoint.
-EXIT_TRAINER_LOST = 75
-
-
-def job_token(output: Path, *, cluster: bool) -> JobToken:
-    """The run's token: on a cluster the one the operator mounted (RLJOB_TOKEN_FILE), else a new one in
-    the output folder (where `rljob status --token-file` finds it)."""
-    try:
-        return JobToken.from_env() if cluster else JobToken.new(output)
-    except TokenError as exc:
-        raise SetupError(str(exc)) from None
 
 
 class LocalRun:
@@ -328,9 +323,7 @@ class LocalRun:
                 return 0
             except (RunFailed, ray.exceptions.RayActorError) as exc:
                 view.phase, view.message = control_pb.RUN_PHASE_FAILED, first_line(exc) or type(exc).__name__
-                if isinstance(exc, ray.exceptions.RayActorError) or await self.trainer_watch.check():  # died, any call
-                    return EXIT_TRAINER_LOST  # `rljob run` restarts the group from the last checkpoint
-                return 1
+                return await failed_run_exit_code(exc, self.trainer_watch)  # `rljob run` restarts a lost trainer
             finally:
                 for task in background:
                     task.cancel()

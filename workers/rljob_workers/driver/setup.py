@@ -19,6 +19,7 @@ from pathlib import Path
 from rljob_api import RLJob, derive_worker_configs, load_rljob
 from rljob_api.reward import RewardFunction
 from rljob_api.workercfg import WorkerConfigs
+from rljob_workers.common.auth import JobToken, TokenError
 from rljob_workers.common.chat import has_chat_template
 from rljob_workers.common.freeze import frozen_names
 from rljob_workers.driver.controller.data import DataError, read_rows
@@ -315,3 +316,12 @@ def first_line(exc: BaseException) -> str:
     """The first line of an exception's message ('' if it has none): one line for the user."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else ""
+
+
+def job_token(output: Path, *, cluster: bool) -> JobToken:
+    """The run's token: on a cluster the one the operator mounted (RLJOB_TOKEN_FILE), else a new one in
+    the output folder (where `rljob status --token-file` finds it)."""
+    try:
+        return JobToken.from_env() if cluster else JobToken.new(output)
+    except TokenError as exc:
+        raise SetupError(str(exc)) from None

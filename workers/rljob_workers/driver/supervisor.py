@@ -28,6 +28,8 @@ from rljob_workers.driver.launcher import ActorPool
 
 log = logging.getLogger(__name__)
 
+# A trainer rank died: the run ends here and `rljob run` starts it again from the last checkpoint.
+EXIT_TRAINER_LOST = 75
 INTERVAL = 1.0  # seconds between two checks
 PING_TIMEOUT = 10.0  # longest wait for one answer; no answer is not death (see `ping`)
 BACKOFF_BASE, BACKOFF_CAP = 0.5, 30.0  # seconds before the n-th restart: base * 2**(n-1), capped
@@ -181,6 +183,15 @@ class TrainerWatch:
                     self.dead = f"trainer rank {rank} died ({cause})"
                     break
         return self.dead
+
+
+async def failed_run_exit_code(exc: BaseException, trainer: TrainerWatch) -> int:
+    """The exit code of a run that failed with `exc`: EXIT_TRAINER_LOST where a trainer rank died, whichever
+    call saw the death first (a weight delivery's error may reach the controller before the watch's next
+    ping), else 1."""
+    if isinstance(exc, ray.exceptions.RayActorError) or await trainer.check():
+        return EXIT_TRAINER_LOST
+    return 1
 
 
 async def supervise(pools: list[PoolSupervisor], trainer: TrainerWatch, fail: Callable[[str], None]) -> None:
