@@ -25,6 +25,7 @@ class PodInfo:
     deleting: bool = False
     created: str = ""
     termination_message: str = ""  # its container's, once it terminated
+    image_pull: str = ""  # why a container's image cannot be pulled (IMAGE_PULL_REASONS), naming the image
 
     @property
     def serving(self) -> bool:
@@ -69,12 +70,33 @@ class Observed:
     def pool_pods(self, pool: Pool) -> tuple[PodInfo, ...]:
         return self.pods.get(pool, ())
 
+    def image_pulls(self) -> list[str]:
+        """'pod NAME: why' for each live pod of the job (head, pools, driver) that cannot pull its image."""
+        pods = [self.head, *(p for pool in self.pods.values() for p in pool), self.driver.pod if self.driver else None]
+        return [f"pod {p.name}: {p.image_pull}" for p in pods if p is not None and p.image_pull and not p.deleting]
+
 
 def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     for cond in (obj.get("status") or {}).get("conditions") or ():
         if cond.get("type") == kind:
             return dict(cond)
     return None
+
+
+# The kubelet's waiting reasons of a container whose image it cannot get: the pod never starts by itself.
+IMAGE_PULL_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable"}
+)
+
+
+def _image_pull(status: Mapping[str, Any]) -> str:
+    """The first container (init containers first) waiting for an image it cannot pull: reason, image, cause."""
+    for container in [*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())]:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in IMAGE_PULL_REASONS:
+            cause = str(waiting.get("message") or "").strip()
+            return f"{waiting['reason']} {container.get('image', '?')}" + (f": {cause}" if cause else "")
+    return ""
 
 
 def pod_info(pod: Mapping[str, Any]) -> PodInfo:
@@ -93,6 +115,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         deleting=bool(meta.get("deletionTimestamp")),
         created=str(meta.get("creationTimestamp") or ""),
         termination_message=_termination_message(status),
+        image_pull=_image_pull(status),
     )
 
 

@@ -80,6 +80,9 @@ def _pool_condition(pool: Pool, counts: PoolReplicas, observed: Observed, phase:
     text = f"{counts.ready}/{counts.desired} replicas ready"
     if counts.ready >= counts.desired:
         return "True", "ReplicasReady", text
+    pulls = [p.image_pull for p in observed.pool_pods(pool) if p.image_pull and not p.deleting]
+    if pulls:
+        return "False", "ImagePullFailed", f"{text}; {len(pulls)} cannot pull their image: {pulls[0]}"
     pending = _unschedulable(observed, pool)
     if pending:
         reason = "InsufficientGPUs" if any(GPU_SHORTAGE in m for m in pending) else "Unschedulable"
@@ -107,6 +110,9 @@ def _degraded(job: RLJob, observed: Observed, phase: Phase, message: str, waitin
         return "True", "Failed", message
     if phase in ("Suspended", "Succeeded"):
         return "False", "AsExpected", ""
+    pulls = observed.image_pulls()
+    if pulls:
+        return "True", "ImagePullFailed", f"{len(pulls)} pod(s) cannot pull their image; {pulls[0]}"
     short = [p for p in POOLS if any(GPU_SHORTAGE in m for m in _unschedulable(observed, p))]
     if short:
         gpus = {
@@ -172,7 +178,12 @@ def _message(
             return snapshot.message
         return (driver.message if driver else "") or "the driver failed"
     sizes = ", ".join(f"{p} {getattr(pools, p).ready}/{getattr(pools, p).desired}" for p in POOLS)
-    return f"{phase}: {sizes}" + (f"; {waiting}" if waiting and phase == "Running" else "")
+    pulls = observed.image_pulls() if phase not in TERMINAL else []
+    return (
+        f"{phase}: {sizes}"
+        + (f"; {waiting}" if waiting and phase == "Running" else "")
+        + (f"; {pulls[0]}" if pulls else "")
+    )
 
 
 def eval_stats(result: control_pb.EvalResult) -> EvalStats:

@@ -134,6 +134,38 @@ def test_other_unschedulable_reason() -> None:
     assert "reward" in degraded.message
 
 
+IMAGE = "registry.example:5000/rljob/rljob-worker:0.2.0"
+PULL_MESSAGE = f'Back-off pulling image "{IMAGE}": ErrImagePull: pull access denied, authorization failed'
+
+
+def test_a_pod_waiting_on_an_image_it_cannot_pull_says_which_and_why() -> None:
+    waiting = {"waiting": {"reason": "ImagePullBackOff", "message": PULL_MESSAGE}}
+    raw = {"metadata": {"name": "ro-0"}, "status": {"phase": "Pending", "containerStatuses": [
+        {"name": "ray-worker", "image": IMAGE, "state": waiting}]}}  # fmt: skip
+    assert pod_info(raw).image_pull == f"ImagePullBackOff {IMAGE}: {PULL_MESSAGE}"
+    creating = {"waiting": {"reason": "ContainerCreating"}}
+    raw["status"]["containerStatuses"][0]["state"] = creating  # type: ignore[index]
+    assert pod_info(raw).image_pull == ""  # waiting for another reason: not an image problem
+
+
+def test_pods_that_cannot_pull_their_image_degrade_the_job_naming_pod_and_image() -> None:
+    cause = f"ImagePullBackOff {IMAGE}: {PULL_MESSAGE}"
+    rollout = (*ready("ro", 3), PodInfo("ro-3", image_pull=cause))
+    driver = DriverInfo(pod=PodInfo("driver-x", image_pull=cause))
+    observed = Observed(ray_cluster=True, head=HEAD, pods=running_pools(rollout=rollout), driver=driver)
+    status = compute_status(job(), observed, None, now=T0)
+    assert status.phase == "Provisioning"
+    degraded = cond(status, "Degraded")
+    assert (degraded.status, degraded.reason) == ("True", "ImagePullFailed")
+    assert degraded.message == f"2 pod(s) cannot pull their image; pod ro-3: {cause}"
+    ready_ = cond(status, "RolloutReady")
+    assert (ready_.status, ready_.reason) == ("False", "ImagePullFailed") and IMAGE in ready_.message
+    assert status.message is not None and status.message.endswith(f"; pod ro-3: {cause}")
+    deleting = replace(observed, pods=running_pools(rollout=(*ready("ro", 3), PodInfo("ro-3", image_pull=cause,
+                       deleting=True))), driver=DriverInfo(pod=PodInfo("driver-x", "Running", True)))  # fmt: skip
+    assert cond(compute_status(job(), deleting, None, now=T0), "Degraded").reason != "ImagePullFailed"
+
+
 def test_progress_from_the_controller() -> None:
     observed = Observed(ray_cluster=True, head=HEAD, pods=running_pools(), driver=DRIVER_RUNNING)
     snap = snapshot(
