@@ -2,7 +2,10 @@
 (tests/operator/test_operator_chart.py); the e2e suite's audit log shows the operator requests
 nothing else and every verb listed as requested (tests/operator/test_operator_integration.py).
 
-`requested` verbs appear as requests of their own. `implied` ones are checked by the API server on
+`requested` verbs appear as requests of their own. `fallback` ones are requested only on a path a run may not
+take: the RayCluster and the driver Job read directly while the operator's watch cache has not synced yet
+(at its start), the job's token Secret read by an operator process that did not create it (a restarted one,
+once its poller or reconcile gets to the job). `implied` ones are checked by the API server on
 the operator's behalf: a server-side apply that creates an object needs create as well as patch;
 an ownerReference with blockOwnerDeletion needs update on the owner's finalizers; and a Role can
 only grant what its creator holds (RBAC's escalation check), so the driver's Role needs the operator
@@ -21,10 +24,11 @@ class Right:
     requested: tuple[str, ...]
     implied: tuple[str, ...]
     why: str
+    fallback: tuple[str, ...] = ()
 
     @property
     def verbs(self) -> tuple[str, ...]:
-        return self.requested + self.implied
+        return self.requested + self.fallback + self.implied
 
 
 APPLIED = ("patch",), ("create",)  # server-side apply: the request is a patch; the first one creates
@@ -35,7 +39,14 @@ RIGHTS: tuple[Right, ...] = (
     Right("rljob.io", "rljobs/status", ("patch",), (), "the status the operator computes"),
     Right("rljob.io", "rljobs/finalizers", (), ("update",), "children's ownerReferences block the RLJob's deletion"),
     Right("", "events", ("create",), (), "Events on RLJobs (phase changes, scaling, kopf's own)"),
-    Right("", "secrets", ("create", "get"), (), "the job's token: made once, read again by the status poller"),
+    Right(
+        "",
+        "secrets",
+        ("create",),
+        (),
+        "the job's token: made once, read back by an operator that did not make it",
+        ("get",),
+    ),
     Right("", "configmaps", *APPLIED, "the job's rljob.yaml and workers.json"),
     Right("", "configmaps", (), ("get",), "the driver's Role grants get on its ConfigMap"),
     Right("", "services", *APPLIED, "the control, metrics and reward Services"),
@@ -43,8 +54,8 @@ RIGHTS: tuple[Right, ...] = (
     Right("rbac.authorization.k8s.io", "roles", *APPLIED, "the driver's Role"),
     Right("rbac.authorization.k8s.io", "rolebindings", *APPLIED, "the driver's RoleBinding"),
     Right("networking.k8s.io", "networkpolicies", *APPLIED, "ingress to the job's pods from its own pods only"),
-    Right("ray.io", "rayclusters", ("get", "list", "watch", "patch", "delete"), ("create",), "the pools"),
-    Right("batch", "jobs", ("get", "list", "watch", "patch", "delete"), ("create",), "the driver"),
+    Right("ray.io", "rayclusters", ("list", "watch", "patch", "delete"), ("create",), "the pools", ("get",)),
+    Right("batch", "jobs", ("list", "watch", "patch", "delete"), ("create",), "the driver", ("get",)),
     Right("", "pods", ("list", "watch"), ("get",), "pool pods (readiness, drained replicas); the driver's Role"),
     Right("", "persistentvolumeclaims", ("get",), (), "the access modes of the claims the job's pods mount"),
 )
@@ -54,6 +65,13 @@ CLUSTER_RIGHTS: tuple[Right, ...] = (
 )
 
 
-def verbs_by_resource(rights: tuple[Right, ...], *, requested_only: bool = False) -> set[tuple[str, str, str]]:
-    """(group, resource, verb) of every right."""
-    return {(r.group, r.resource, verb) for r in rights for verb in (r.requested if requested_only else r.verbs)}
+def verbs_by_resource(
+    rights: tuple[Right, ...], *, requested_only: bool = False, with_fallback: bool = False
+) -> set[tuple[str, str, str]]:
+    """(group, resource, verb) of every right; `requested_only`: the requested verbs (and, `with_fallback`,
+    the fallback ones)."""
+    return {
+        (r.group, r.resource, verb)
+        for r in rights
+        for verb in ((r.requested + (r.fallback if with_fallback else ())) if requested_only else r.verbs)
+    }

@@ -36,6 +36,7 @@ class Window:
     rljob: str
     start: float
     end: float
+    evaluates: bool = True  # the job has spec.data.eval: its held-out eval panels show data
 
 
 def service_monitors(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
@@ -202,6 +203,8 @@ def empty_panels(prometheus: Prometheus, window: Window) -> list[str]:
         if wanted not in offered:
             empty.append(f"${name} offers {offered}, not {wanted!r}: label_values({match}, {label})")
     for title, expr in panel_queries(board):
+        if "rljob_eval_" in expr and not window.evaluates:
+            continue  # no eval rounds, nothing to show
         if not prometheus.series_over(with_variables(expr, window), window):
             empty.append(f"{title}: {expr}")
     return empty

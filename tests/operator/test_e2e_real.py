@@ -89,8 +89,8 @@ class Setup:
         self.prometheus: Prometheus | None = None
         self.windows: list[Window] = []  # each RLJob run, for the dashboard test
 
-    def ran(self, name: str, start: float) -> None:
-        self.windows.append(Window(NS, name, start, time.time()))
+    def ran(self, name: str, start: float, evaluates: bool = True) -> None:
+        self.windows.append(Window(NS, name, start, time.time(), evaluates))
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +275,7 @@ def _judged_run(
     finally:
         watch_.stop()
     wall = time.monotonic() - started
-    setup.ran(name, applied)
+    setup.ran(name, applied, evaluates="eval" in job["spec"]["data"])
     assert status["phase"] == "Succeeded", diagnose(cluster, NS)
     driver_log = cluster.kubectl("logs", "-n", NS, f"job/{name}-driver").stdout
     books = read_ledger(setup.runs / name / "metrics.jsonl", ELASTIC_STEPS, job["spec"]["algorithm"]["promptsPerStep"])

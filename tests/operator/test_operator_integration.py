@@ -367,6 +367,9 @@ def test_operator_requests_exactly_its_rights(cluster: Cluster, operator: Operat
         resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
         used.add((ref.get("apiGroup", ""), resource, e["verb"]))
     listed = verbs_by_resource(RIGHTS + CLUSTER_RIGHTS, requested_only=True)
-    print("requested, not listed:", sorted(used - listed), "listed, never requested:", sorted(listed - used))
-    assert used - listed == set(), "requested but not in rights.py (nor, so, in the chart)"
+    may_request = verbs_by_resource(RIGHTS + CLUSTER_RIGHTS, requested_only=True, with_fallback=True)
+    print("requested, not listed:", sorted(used - may_request), "listed, never requested:", sorted(listed - used))
+    assert used - may_request == set(), "requested but not in rights.py (nor, so, in the chart)"
+    # Fallback reads (before the watch cache syncs) may or may not come, as the operator's start races its
+    # first reconcile: only the requested verbs must all show.
     assert listed - used == set(), "in rights.py as requested, but never requested"

@@ -87,6 +87,14 @@ def serve(cluster: Cluster, ns: str) -> None:
         "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]},
     }
     cluster.apply(service, "-n", ns)
+    # A Service without its endpoint programmed yet is REJECTed ("No route to host"): wait until kube-proxy maps
+    # it to the pod in the host's nat table, as a client outside this test would find it once it is set up.
+    pod_ip = (cluster.get("pod", "web", ns) or {})["status"]["podIP"]
+    wait_for("kube-proxy's rule for the Service", lambda: f"--to-destination {pod_ip}:8080" in _nat_rules(), timeout=30)
+
+
+def _nat_rules() -> str:
+    return subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True, check=True).stdout
 
 
 def test_service_resolves_and_answers_from_another_pod(cluster: Cluster, request: pytest.FixtureRequest) -> None:
