@@ -14,8 +14,9 @@ EVAL_FILE ?= .cache/data/arithmetic-eval.jsonl
 # Each phase says how long it took (and, under .ci/run, adds a row to its table of phases).
 PHASE := bash .ci/phase
 # The tests that can share the machine run on WORKERS processes (pytest-xdist, a file or an xdist_group
-# per worker at a time: tests/conftest.py); those marked `serial` run after them, alone, the real node's last (its control plane, shared by
-# its modules, stays up until that session ends: not beside the timed tests). JUnit files, for .ci/slowest.py.
+# per worker at a time: tests/conftest.py); those marked `serial` run after them, alone, the real node's
+# last (its control plane, shared by its modules, stays up until that session ends: not beside the timed
+# tests). JUnit files, for .ci/slowest.py.
 WORKERS ?= 2
 RESULTS := .cache/test-results
 QUICK := not (ray or cluster or node or slow)

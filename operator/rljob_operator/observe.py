@@ -70,9 +70,17 @@ class Observed:
     def pool_pods(self, pool: Pool) -> tuple[PodInfo, ...]:
         return self.pods.get(pool, ())
 
-    def image_pulls(self) -> list[str]:
-        """'pod NAME: why' for each live pod of the job (head, pools, driver) that cannot pull its image."""
-        pods = [self.head, *(p for pool in self.pods.values() for p in pool), self.driver.pod if self.driver else None]
+    def image_pulls(self, pool: Pool | None = None) -> list[str]:
+        """'pod NAME: why' for each live pod of `pool` (None: of the whole job, head and driver too) that
+        cannot pull its image."""
+        if pool is not None:
+            pods: list[PodInfo | None] = list(self.pool_pods(pool))
+        else:
+            pods = [
+                self.head,
+                *(p for group in self.pods.values() for p in group),
+                self.driver.pod if self.driver else None,
+            ]
         return [f"pod {p.name}: {p.image_pull}" for p in pods if p is not None and p.image_pull and not p.deleting]
 
 

@@ -70,8 +70,10 @@ def verbs_by_resource(
 ) -> set[tuple[str, str, str]]:
     """(group, resource, verb) of every right; `requested_only`: the requested verbs (and, `with_fallback`,
     the fallback ones)."""
-    return {
-        (r.group, r.resource, verb)
-        for r in rights
-        for verb in ((r.requested + (r.fallback if with_fallback else ())) if requested_only else r.verbs)
-    }
+
+    def chosen(right: Right) -> tuple[str, ...]:
+        if not requested_only:
+            return right.verbs
+        return right.requested + right.fallback if with_fallback else right.requested
+
+    return {(r.group, r.resource, verb) for r in rights for verb in chosen(r)}

@@ -80,7 +80,7 @@ def _pool_condition(pool: Pool, counts: PoolReplicas, observed: Observed, phase:
     text = f"{counts.ready}/{counts.desired} replicas ready"
     if counts.ready >= counts.desired:
         return "True", "ReplicasReady", text
-    pulls = [p.image_pull for p in observed.pool_pods(pool) if p.image_pull and not p.deleting]
+    pulls = observed.image_pulls(pool)
     if pulls:
         return "False", "ImagePullFailed", f"{text}; {len(pulls)} cannot pull their image: {pulls[0]}"
     pending = _unschedulable(observed, pool)

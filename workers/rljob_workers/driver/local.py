@@ -133,11 +133,9 @@ def _run_with_restarts(
     """Run the job; a dead trainer group starts again from the last checkpoint, spec.trainer.maxRestarts times.
     The trackers record every attempt as one run."""
     from rljob_workers.driver.local_run import LocalRun
-    from rljob_workers.driver.supervisor import EXIT_TRAINER_LOST
+    from rljob_workers.driver.supervisor import EXIT_TRAINER_LOST, RestartHistory
 
     budget = configs.controller.max_restarts["trainer"]
-    from rljob_workers.driver.supervisor import RestartHistory
-
     token = None  # one token for the whole run, made by the first attempt
     history = RestartHistory()  # one for the whole process: its status lists every replacement
     for restart in range(budget + 1):
