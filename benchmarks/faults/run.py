@@ -2,11 +2,11 @@
 running `rljob run examples/arithmetic.yaml`, each at its own step, and check from the run's own
 ledger that it survived them.
 
-Each kill is a SIGKILL of the pool's Ray actor process (found by its process title), sent when
-metrics.jsonl reaches the step. The driver's log says when the supervisor found the replica dead
-and when its replacement served; a trainer kill ends the attempt and `rljob run` starts again
-from the last checkpoint. The table: fault, step, time to detect, time to recover, samples lost,
-samples duplicated, outcome; then the reward curve's start and end.
+Each kill is a SIGKILL of the pool's Ray actor process (found by its process title among the run's
+own descendants), sent when metrics.jsonl reaches the step. The driver's log says when the
+supervisor found the replica dead and when its replacement served; a trainer kill ends the attempt
+and `rljob run` starts again from the last checkpoint. The table: fault, step, time to detect, time
+to recover, samples lost, samples duplicated, outcome; then the reward curve's start and end.
 
     python benchmarks/faults/run.py [--kills rollout:10,reward:30,trainer:50] [--steps 100]
 """
@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import psutil
 import yaml
 
 from rljob_workers.driver.ledger import read_ledger
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL, DATA = REPO / ".cache" / "models" / "tiny-arith", REPO / ".cache" / "data" / "arithmetic-train.jsonl"
-TITLES = {"rollout": b"ray::RolloutActor", "reward": b"ray::RewardActor", "trainer": b"ray::TrainerActor"}
+TITLES = {"rollout": "ray::RolloutActor", "reward": "ray::RewardActor", "trainer": "ray::TrainerActor"}
 LOG_TAIL = 80
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
@@ -44,15 +45,19 @@ class Kill:
     pid: int = 0
 
 
-def actor_pids(pool: str) -> list[int]:
+def actor_pids(run_pid: int, pool: str) -> list[int]:
+    """The pool's actors of this run: its own Ray's, never another run's on the same machine."""
     pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "cmdline").read_bytes().startswith(TITLES[pool]):
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
+    try:
+        children = psutil.Process(run_pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    for child in children:
+        try:
+            if child.cmdline()[0].startswith(TITLES[pool]):
+                pids.append(child.pid)
+        except (psutil.Error, IndexError):
+            continue
     return sorted(pids)
 
 
@@ -80,9 +85,9 @@ def run_with_kills(work: Path, job: Path, kills: list[Kill]) -> tuple[int, str]:
         run = subprocess.Popen([*command, "--output", str(work / "out")], stdout=log, stderr=subprocess.STDOUT)
         pending = sorted(kills, key=lambda k: k.step)
         while run.poll() is None:
-            if pending and steps_done(metrics) >= pending[0].step and actor_pids(pending[0].pool):
+            if pending and steps_done(metrics) >= pending[0].step and actor_pids(run.pid, pending[0].pool):
                 kill = pending.pop(0)
-                kill.pid, kill.at = actor_pids(kill.pool)[0], time.time()
+                kill.pid, kill.at = actor_pids(run.pid, kill.pool)[0], time.time()
                 os.kill(kill.pid, signal.SIGKILL)
                 print(f"killed {kill.pool} (pid {kill.pid}) after step {steps_done(metrics)}", flush=True)
             time.sleep(0.05)
