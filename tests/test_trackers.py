@@ -163,6 +163,64 @@ def test_mlflow_file_store_has_every_step_and_the_settings(
     assert params["algorithm.advantageEstimator"] == "group-relative"  # the preset's, as the run used it
 
 
+def _sample_logs(researcher_run: ResearcherRun) -> dict[int, list[dict[str, Any]]]:
+    """Each step's sample log (samples/step-NNNNNN.jsonl) as the rows a tracker's table should hold."""
+    logs = {}
+    for path in sorted((researcher_run.out / "samples").glob("step-*.jsonl")):
+        lines = [json.loads(line) for line in path.read_text().splitlines()]
+        logs[int(path.stem.removeprefix("step-"))] = [
+            {**{k: line[k] for k in SAMPLE_COLUMNS}, **{f"score/{k}": v for k, v in line["scores"].items()}}
+            for line in lines
+        ]
+    assert sorted(logs) == [r["step"] for r in researcher_run.records]
+    return logs
+
+
+SAMPLE_COLUMNS = ("prompt_id", "prompt", "completion", "reward", "advantage", "policy_version", "truncated")
+
+
+def _table_rows(table: dict[str, Any]) -> list[dict[str, Any]]:
+    return [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+
+
+def test_each_tracker_has_each_steps_samples_as_a_table(researcher_run: ResearcherRun) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logs = _sample_logs(researcher_run)
+    # TensorBoard: a markdown table per step in the Text tab, one row per sample
+    events = EventAccumulator(str(researcher_run.out / "tensorboard"))
+    events.Reload()
+    tables = {e.step: e.tensor_proto.string_val[0].decode() for e in events.Tensors("samples")}
+    assert sorted(tables) == sorted(logs)
+    for step, rows in logs.items():
+        lines = tables[step].splitlines()
+        assert lines[0] == "| " + " | ".join(rows[0]) + " |" and len(lines) == 2 + len(rows), tables[step]
+        assert all(str(row["advantage"]) in line for row, line in zip(rows, lines[2:], strict=True))
+    # W&B: a wandb.Table per step, in the history row of that step, its file in the offline run's files/
+    (folder,) = (researcher_run.out / "wandb").glob("offline-run-*")
+    (log,) = folder.glob("*.wandb")
+    logged = {  # the table's fields are nested keys of that step's history row: samples/_type, samples/path
+        int(r.history.step.num): {"/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+        for r in _wandb_records(log)
+        if r.WhichOneof("record_type") == "history"
+    }
+    rows_with_table = {step: row for step, row in logged.items() if row.get("samples/_type") == "table-file"}
+    assert sorted(rows_with_table) == sorted(logs)
+    for step, rows in logs.items():
+        table = json.loads((folder / "files" / rows_with_table[step]["samples/path"]).read_text())
+        assert _table_rows(table) == rows, step
+    # MLflow: samples/step-NNNNNN.json artifacts, each the table as log_table writes it (columns, data)
+    artifacts = _mlflow_artifacts(researcher_run.out / "mlruns")
+    for step, rows in logs.items():
+        assert _table_rows(json.loads((artifacts / "samples" / f"step-{step:06d}.json").read_text())) == rows
+
+
+def _mlflow_artifacts(store: Path) -> Path:
+    """The artifact folder of the one run in a file store (<experiment>/<run>/artifacts)."""
+    (artifacts,) = [p for p in store.glob("*/*/artifacts") if p.is_dir()]
+    return artifacts
+
+
 def test_trackers_leave_the_terminal_to_the_run(researcher_run: ResearcherRun) -> None:
     assert "wandb:" not in researcher_run.output
 

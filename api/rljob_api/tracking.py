@@ -80,8 +80,8 @@ class LoggingSpec(Model):
         description=(
             "A Secret in the job's namespace whose keys become the driver's environment variables on a cluster: "
             "the trackers' credentials (WANDB_API_KEY; MLFLOW_TRACKING_TOKEN or MLFLOW_TRACKING_USERNAME and "
-            "MLFLOW_TRACKING_PASSWORD). Not yet mounted by the operator: `rljob run` reads them from its own "
-            "environment."
+            "MLFLOW_TRACKING_PASSWORD), taken by the driver pod with envFrom. `rljob run` on one machine reads them "
+            "from its own environment."
         ),
         min_length=1,
         max_length=253,

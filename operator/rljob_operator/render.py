@@ -197,6 +197,12 @@ def render_network_policy(job: RLJob, options: RenderOptions) -> dict[str, Any]:
     }
 
 
+def tracker_credentials(job: RLJob) -> dict[str, Any]:
+    """spec.logging.secretName: every key of that Secret as the driver's environment (the trackers run there)."""
+    secret = job.spec.logging.secret_name
+    return {"envFrom": [{"secretRef": {"name": secret}}]} if secret else {}
+
+
 def render_driver(job: RLJob, options: RenderOptions) -> dict[str, Any]:
     """The driver: a Job running the controller (`rljob run --cluster --resume`); a retry resumes from
     the newest checkpoint, and its Complete/Failed condition is how the run ended."""
@@ -215,6 +221,7 @@ def render_driver(job: RLJob, options: RenderOptions) -> dict[str, Any]:
             {"name": TOKEN_FILE_ENV, "value": JOB_TOKEN_FILE},
             *WRITABLE_ENV,
         ],
+        **tracker_credentials(job),
         terminationMessagePath=TERMINATION_LOG,
         # a driver that dies before writing it leaves the end of its log instead
         terminationMessagePolicy="FallbackToLogsOnError",

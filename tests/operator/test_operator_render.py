@@ -246,6 +246,23 @@ def test_driver_runs_the_controller_against_the_cluster() -> None:
     assert {"/etc/rljob", "/models", "/data", "/checkpoints", "/var/run/secrets/rljob/style-judge"} <= mounts
 
 
+def test_the_driver_alone_takes_the_trackers_credentials_from_their_secret() -> None:
+    def env_from(job: RLJob) -> dict[str, list[Any]]:
+        pods = [d["spec"]["template"]["spec"] for d in rendered(job) if d["kind"] == "Job"]
+        head = one(rendered(job), "RayCluster")["spec"]["headGroupSpec"]["template"]["spec"]
+        groups = [g["template"]["spec"] for g in one(rendered(job), "RayCluster")["spec"]["workerGroupSpecs"]]
+        return {
+            c["name"]: c.get("envFrom", [])
+            for pod in [*pods, head, *groups]
+            for c in [*pod["containers"], *pod.get("initContainers", [])]
+        }
+
+    with_secret = env_from(gpu_job(logging={"trackers": ["wandb"], "secretName": "tracker-keys"}))
+    assert with_secret.pop("driver") == [{"secretRef": {"name": "tracker-keys"}}]
+    assert not any(with_secret.values()), with_secret  # the pools' and the head's pods never see the keys
+    assert not any(env_from(gpu_job()).values())
+
+
 def test_services_select_the_driver_and_reward_pods() -> None:
     services = {s["metadata"]["name"]: s["spec"] for s in by_kind(rendered(gpu_job()), "Service")}
     control = services["qwen-math-grpo-control"]

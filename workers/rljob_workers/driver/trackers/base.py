@@ -29,11 +29,39 @@ class RunInfo:
     logging: LoggingSpec
 
 
+@dataclass(frozen=True)
+class SampleTable:
+    """A step's logged samples (spec.logging.samples) as a table: one row per sample, a column per field and
+    one per reward function ('score/<name>')."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+
+    def records(self) -> list[dict[str, Any]]:
+        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
+
+
 class Tracker(Protocol):
-    """One tracker's adapter: made with a RunInfo (it logs the settings then), fed each step, closed once."""
+    """One tracker's adapter: made with a RunInfo (it logs the settings then), fed each step's scalars and
+    logged samples, closed once."""
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None: ...
+    def log_samples(self, step: int, table: SampleTable) -> None: ...
     def close(self, exit_code: int) -> None: ...
+
+
+SAMPLE_FIELDS = ("prompt_id", "prompt", "completion", "reward", "advantage", "policy_version", "truncated")
+
+
+def sample_table(samples: list[Mapping[str, Any]]) -> SampleTable:
+    """The table of a step's samples (each as its sample log's line has it: a `scores` dict per function)."""
+    functions = sorted({name for sample in samples for name in sample["scores"]})
+    columns = [*SAMPLE_FIELDS, *(f"score/{name}" for name in functions)]
+    rows = [
+        [sample[field] for field in SAMPLE_FIELDS] + [sample["scores"].get(name) for name in functions]
+        for sample in samples
+    ]
+    return SampleTable(columns, rows)
 
 
 def run_config(job: RLJob) -> dict[str, Any]:

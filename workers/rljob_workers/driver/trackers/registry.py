@@ -17,7 +17,7 @@ from rljob_api import RLJob
 from rljob_api.tracking import LoggingSpec
 from rljob_api.tracking import Tracker as TrackerName
 
-from .base import RunInfo, Tracker, TrackerError, check_writable, run_config, scalars
+from .base import RunInfo, Tracker, TrackerError, check_writable, run_config, sample_table, scalars
 from .mlflow_uri import check_tracking_uri, tracking_uri
 
 log = logging.getLogger(__name__)
@@ -72,14 +72,24 @@ class Trackers:
         self._failed: set[str] = set()
 
     def log(self, step: int, record: Mapping[str, Any]) -> None:
-        """The numbers of a metrics.jsonl line, at `step`. A tracker that fails is told once and left out:
-        the run and its metrics.jsonl go on without it."""
+        """The numbers of a metrics.jsonl line, at `step`."""
         values = scalars(record)
+        self._each(step, lambda tracker: tracker.log(step, values))
+
+    def log_samples(self, step: int, samples: list[Mapping[str, Any]]) -> None:
+        """A step's logged samples (as its sample log's lines), as each tracker's table."""
+        if samples and self.started:
+            table = sample_table(samples)
+            self._each(step, lambda tracker: tracker.log_samples(step, table))
+
+    def _each(self, step: int, call: Callable[[Tracker], None]) -> None:
+        """`call` on every tracker still in. One that fails is told once and left out: the run, its
+        metrics.jsonl and its sample logs go on without it."""
         for name, tracker in self.started.items():
             if name in self._failed:
                 continue
             try:
-                tracker.log(step, values)
+                call(tracker)
             except Exception as exc:
                 self._failed.add(name)
                 log.warning("tracker %s failed at step %d and is left out: %s: %s", name, step, type(exc).__name__, exc)

@@ -13,10 +13,21 @@ from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
 from tensorboard.compat.proto.types_pb2 import DT_STRING
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from .base import RunInfo, flat_params
+from .base import RunInfo, SampleTable, flat_params
 
 FOLDER = "tensorboard"
 CONFIG_TAG = "config"  # the job's settings, a markdown table in the Text tab
+SAMPLES_TAG = "samples"  # each step's logged samples, a markdown table in the Text tab
+
+
+def markdown_table(table: SampleTable) -> str:
+    """The samples as a markdown table; a cell's pipes and line breaks escaped so that each sample stays a row."""
+
+    def cell(value: object) -> str:
+        return str(value).replace("|", "\\|").replace("\n", "<br>")
+
+    rows = ["| " + " | ".join(cell(value) for value in row) + " |" for row in table.rows]
+    return "\n".join(["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns), *rows])
 
 
 def settings_table(config: Mapping[str, object]) -> str:
@@ -49,6 +60,10 @@ class TensorBoard:
         values = [Summary.Value(tag=name, simple_value=value) for name, value in scalars.items()]
         self._write(step, Summary(value=values))
         self.writer.flush()  # each step on disk as it ends: `tensorboard --logdir` follows the run
+
+    def log_samples(self, step: int, table: SampleTable) -> None:
+        self._write(step, text_summary(SAMPLES_TAG, markdown_table(table)))
+        self.writer.flush()
 
     def close(self, exit_code: int) -> None:
         self.writer.close()

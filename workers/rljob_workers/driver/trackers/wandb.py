@@ -9,7 +9,9 @@ import wandb
 
 from rljob_api.tracking import WandbSpec
 
-from .base import RunInfo
+from .base import RunInfo, SampleTable
+
+SAMPLES_KEY = "samples"  # the table's key in the run: one table per step that logged samples
 
 
 class Wandb:
@@ -28,6 +30,11 @@ class Wandb:
 
     def log(self, step: int, scalars: Mapping[str, float]) -> None:
         self.run.log(dict(scalars), step=step)
+
+    def log_samples(self, step: int, table: SampleTable) -> None:
+        # the same step as its scalars: W&B adds the table to that step's row
+        columns: list[str | int] = list(table.columns)
+        self.run.log({SAMPLES_KEY: wandb.Table(columns=columns, data=table.rows)}, step=step)
 
     def close(self, exit_code: int) -> None:
         self.run.finish(exit_code=exit_code)
