@@ -21,7 +21,7 @@ WORKERS ?= 2
 RESULTS := .cache/test-results
 QUICK := not (ray or cluster or node or slow)
 
-.PHONY: setup run run-vllm vllm-env test test-quick lint typecheck generate model clean e2e-real
+.PHONY: setup run run-vllm vllm-env test test-quick lint typecheck generate model clean e2e-real images
 
 setup: $(STAMP)
 
@@ -78,6 +78,20 @@ e2e-real: setup
 	bash e2e/images.sh deps
 	nice -n 5 bash e2e/images.sh
 	$(BIN)/pytest -s tests/operator/test_e2e_real.py
+
+# The operator and worker images from docker/*.Dockerfile, built here with buildah (root, no Docker engine;
+# docker/README.md), tagged with the project's version; REGISTRY=host[:port]/path PUSH=1 pushes them there
+# with buildah's credentials (`buildah login`, or REGISTRY_AUTH_FILE). The worker image is about 6 GB.
+REGISTRY ?=
+PUSH ?=
+images:
+	bash e2e/images.sh deps
+	bash e2e/images.sh operator
+	bash e2e/images.sh worker
+	@if [ -n "$(PUSH)" ]; then \
+		test -n "$(REGISTRY)" || { echo "PUSH=1 needs REGISTRY=host[:port]/path, e.g. REGISTRY=ghcr.io/rljob"; exit 2; }; \
+		bash e2e/images-push.sh "$(REGISTRY)" operator worker; \
+	fi
 
 generate: setup
 	$(BIN)/python proto/generate.py

@@ -32,6 +32,7 @@ e2e_tool_binaries() {
     kuberay) echo "kuberay-operator=github.com/ray-project/kuberay/ray-operator" ;;
     coredns) echo "coredns=rljob.e2e/tools/coredns" ;; # our main.go: CoreDNS with a few plugins
     prometheus) echo "prometheus=github.com/prometheus/prometheus/cmd/prometheus" ;;
+    registry) echo "registry=github.com/distribution/distribution/v3/cmd/registry" ;;
   esac
 }
 
@@ -152,6 +153,10 @@ ldflags_for() { # tool dir
       ;;
     kuberay) f+=" -X main._commitId_=${commit:-${ver}}" ;;
     coredns) [[ -n "${commit}" ]] && f+=" -X github.com/coredns/coredns/coremain.GitCommit=${commit:0:9}" ;;
+    registry)
+      f+=" -X github.com/distribution/distribution/v3/version.version=${ver}"
+      [[ -n "${commit}" ]] && f+=" -X github.com/distribution/distribution/v3/version.revision=${commit}"
+      ;;
     prometheus)
       # module v0.316.0 is release 3.16.0
       local release="${ver#v0.}" p=github.com/prometheus/common/version

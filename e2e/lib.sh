@@ -7,10 +7,10 @@ E2E_CACHE="${RLJOB_E2E_CACHE:-${HOME}/.cache/rljob/e2e}"
 
 # shellcheck source=versions.env
 . "${E2E_DIR}/versions.env"
-: "${KUBERNETES_VERSION:?}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}" "${HELM_VERSION:?}" "${KUBERAY_VERSION:?}" "${COREDNS_VERSION:?}"
+: "${KUBERNETES_VERSION:?}" "${ETCD_VERSION:?}" "${KWOK_VERSION:?}" "${HELM_VERSION:?}" "${KUBERAY_VERSION:?}" "${COREDNS_VERSION:?}" "${REGISTRY_VERSION:?}"
 
 # Tools we build: name, Go module, pinned version. Binaries come from e2e/tools/<name>/go.mod.
-E2E_TOOLS=(etcd kube kwok helm kuberay coredns prometheus)
+E2E_TOOLS=(etcd kube kwok helm kuberay coredns prometheus registry)
 e2e_tool_module() {
   case "$1" in
     etcd) echo "go.etcd.io/etcd/server/v3 ${ETCD_VERSION}" ;;
@@ -20,6 +20,7 @@ e2e_tool_module() {
     kuberay) echo "github.com/ray-project/kuberay/ray-operator ${KUBERAY_VERSION}" ;;
     coredns) echo "github.com/coredns/coredns ${COREDNS_VERSION}" ;;
     prometheus) echo "github.com/prometheus/prometheus ${PROMETHEUS_VERSION}" ;;
+    registry) echo "github.com/distribution/distribution/v3 ${REGISTRY_VERSION}" ;;
     *) return 1 ;;
   esac
 }

@@ -23,6 +23,7 @@ DEPS=(
   "conntrack=conntrack"
   "ip=iproute2"
   "socat=socat"
+  "htpasswd=apache2-utils"
   "/bin/busybox=busybox-static"
 )
 

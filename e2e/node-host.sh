@@ -130,6 +130,26 @@ unmount_under() { # folder: unmount everything mounted below it, deepest first
   done
 }
 
+kill_containers() { # every container of our containerd, without the kubelet (stopped first)
+  pid_of containerd >/dev/null || return 0
+  local ns id n=0
+  for ns in $(ctr_ namespaces ls -q 2>/dev/null); do
+    for id in $(ctr_ -n "${ns}" tasks ls -q 2>/dev/null); do
+      ctr_ -n "${ns}" tasks kill -a -s SIGKILL "${id}" >/dev/null 2>&1 || true
+      n=$((n + 1))
+    done
+    for id in $(ctr_ -n "${ns}" tasks ls -q 2>/dev/null); do
+      ctr_ -n "${ns}" tasks rm -f "${id}" >/dev/null 2>&1 || true
+    done
+    for id in $(ctr_ -n "${ns}" containers ls -q 2>/dev/null); do
+      ctr_ -n "${ns}" containers rm "${id}" >/dev/null 2>&1 || true
+      # libcni's cached results of this sandbox (no CNI DEL runs for it now)
+      rm -f /var/lib/cni/results/*-"${id}"-* 2>/dev/null || true
+    done
+  done
+  log "node: ${n} container task(s) killed"
+}
+
 kill_shims() { # containerd shims of our containerd (they outlive it by design)
   local p
   for p in /proc/[0-9]*; do

@@ -25,10 +25,12 @@ CTRD_SOCK="${CTRD_DIR}/containerd.sock"
 CNI_BIN_DIR="/usr/lib/cni"
 PAUSE_IMAGE="rljob.e2e/pause:local"
 TEST_IMAGE="rljob.e2e/busybox:local"
-NODE_COMPONENTS=(kube-proxy kubelet containerd coredns api-forward)
+NODE_COMPONENTS=(kube-proxy kubelet containerd coredns api-forward registry)
 
 # shellcheck source=node-host.sh
 . "$(dirname "${BASH_SOURCE[0]}")/node-host.sh"
+# shellcheck source=node-registry.sh
+. "$(dirname "${BASH_SOURCE[0]}")/node-registry.sh"
 
 ctr_() { ctr --address "${CTRD_SOCK}" "$@"; }
 
@@ -36,7 +38,7 @@ ctr_() { ctr --address "${CTRD_SOCK}" "$@"; }
 missing() { # prints one line per thing this machine lacks
   [[ "$(id -u)" == 0 ]] || echo "root (the kubelet, containerd and the bridge need it)"
   local c
-  for c in containerd ctr runc iptables ip socat; do
+  for c in containerd ctr runc iptables ip socat htpasswd; do
     command -v "${c}" >/dev/null || echo "${c} (run e2e/node-deps.sh)"
   done
   for c in bridge host-local loopback; do
@@ -46,7 +48,7 @@ missing() { # prints one line per thing this machine lacks
   grep -qw overlay /proc/filesystems || echo "overlayfs in the kernel (/proc/filesystems)"
   [[ -d /sys/fs/cgroup/memory || -f /sys/fs/cgroup/cgroup.controllers ]] || echo "cgroups under /sys/fs/cgroup"
   [[ -d /proc/sys/net/bridge ]] || echo "bridge netfilter (/proc/sys/net/bridge)"
-  for c in kubelet kube-proxy coredns kubectl; do
+  for c in kubelet kube-proxy coredns kubectl registry; do
     [[ -x "${E2E_BIN}/${c}" ]] || echo "${E2E_BIN}/${c} (run e2e/build.sh)"
   done
 }
@@ -66,6 +68,7 @@ subjectAltName=IP:${NODE_GATEWAY},IP:127.0.0.1,DNS:${NODE_NAME}"
   sign_cert coredns "/CN=system:coredns" "${client}"       # bound below
   local u
   for u in node kube-proxy coredns; do write_kubeconfig "${NODE_DIR}/${u}.kubeconfig" "${u}"; done
+  registry_pki
 }
 
 write_containerd_config() {
@@ -97,6 +100,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
         Root = "${CTRD_DIR}/runc"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "${CTRD_DIR}/certs.d"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "${CNI_BIN_DIR}"
     conf_dir = "${NODE_DIR}/cni/net.d"
@@ -224,7 +229,7 @@ import_images() {
 # ---------------------------------------------------------------- processes
 pick_node_ports() {
   read -r KUBELET_PORT KUBELET_HEALTHZ_PORT PROXY_HEALTHZ_PORT PROXY_METRICS_PORT \
-    DNS_HEALTH_PORT DNS_READY_PORT <<<"$(free_ports 6)"
+    DNS_HEALTH_PORT DNS_READY_PORT REGISTRY_PORT <<<"$(free_ports 7)"
   cat >"${NODE_DIR}/ports.env" <<EOF2
 KUBELET_PORT=${KUBELET_PORT}
 KUBELET_HEALTHZ_PORT=${KUBELET_HEALTHZ_PORT}
@@ -232,6 +237,7 @@ PROXY_HEALTHZ_PORT=${PROXY_HEALTHZ_PORT}
 PROXY_METRICS_PORT=${PROXY_METRICS_PORT}
 DNS_HEALTH_PORT=${DNS_HEALTH_PORT}
 DNS_READY_PORT=${DNS_READY_PORT}
+REGISTRY_PORT=${REGISTRY_PORT}
 EOF2
 }
 
@@ -239,9 +245,11 @@ node_ready() {
   [[ "$(kc get node "${NODE_NAME}" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" == True ]]
 }
 
-start_runtime() { # containerd with the pause and test images
-  # No registry is reachable, and none may be tried: every pull goes to a closed local port.
-  HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 NO_PROXY="" \
+start_runtime() { # the registry, containerd with the pause and test images
+  start_registry
+  # No registry but the node's own is reachable, and none may be tried: every other pull goes to a
+  # closed local port.
+  HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 NO_PROXY="${NODE_GATEWAY}" \
     launch_exe containerd "$(command -v containerd)" --config "${CTRD_DIR}/config.toml"
   wait_for "containerd" containerd ctr_ version
   import_images
@@ -302,6 +310,7 @@ cmd_start() {
   setup_cgroups
   node_pki
   write_containerd_config
+  write_registry_config
   write_cni_config
   write_kubelet_config
   write_kube_proxy_config
@@ -313,26 +322,6 @@ cmd_start() {
   # healthy once it has written the rules for the node's Services (it waits for the Node first)
   wait_for "kube-proxy /healthz" kube-proxy curl -fsS "http://127.0.0.1:${PROXY_HEALTHZ_PORT}/healthz"
   log "node ${NODE_NAME} Ready after $(e2e_since "${t0}") (taint rljob.io/e2e-real-node=true:NoSchedule)"
-}
-
-kill_containers() { # every container of our containerd, without the kubelet (stopped first)
-  pid_of containerd >/dev/null || return 0
-  local ns id n=0
-  for ns in $(ctr_ namespaces ls -q 2>/dev/null); do
-    for id in $(ctr_ -n "${ns}" tasks ls -q 2>/dev/null); do
-      ctr_ -n "${ns}" tasks kill -a -s SIGKILL "${id}" >/dev/null 2>&1 || true
-      n=$((n + 1))
-    done
-    for id in $(ctr_ -n "${ns}" tasks ls -q 2>/dev/null); do
-      ctr_ -n "${ns}" tasks rm -f "${id}" >/dev/null 2>&1 || true
-    done
-    for id in $(ctr_ -n "${ns}" containers ls -q 2>/dev/null); do
-      ctr_ -n "${ns}" containers rm "${id}" >/dev/null 2>&1 || true
-      # libcni's cached results of this sandbox (no CNI DEL runs for it now)
-      rm -f /var/lib/cni/results/*-"${id}"-* 2>/dev/null || true
-    done
-  done
-  log "node: ${n} container task(s) killed"
 }
 
 cmd_stop() {
@@ -347,7 +336,7 @@ cmd_stop() {
   stop_all containerd
   kill_shims
   unmount_under "${NODE_DIR}"
-  stop_all coredns api-forward
+  stop_all coredns api-forward registry
   if ((ours)); then
     "${E2E_BIN}/kube-proxy" --cleanup >"${LOGS}/kube-proxy-cleanup.log" 2>&1 || true
     teardown_network

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from e2e_cluster import CHART, E2E, REPO, Cluster, wait_for
+from e2e_cluster import E2E, REPO, Cluster, wait_for
 
 from conftest import store_connect_seconds
 
@@ -60,11 +60,11 @@ def import_images(cluster: Cluster) -> float:
     return time.monotonic() - t0
 
 
-def worker_env_policy(env_folder: str, image_prefix: str) -> list[dict[str, Any]]:
+def worker_env_policy(env_folder: str, *image_prefixes: str) -> list[dict[str, Any]]:
     """A MutatingAdmissionPolicy (and its binding) mounting `env_folder` at /opt/rljob/venv, read-only, in
-    every container and init container of a pod that runs the worker-test image."""
+    every container and init container of a pod that runs the worker-test image (imported or pulled)."""
     mount = f'Object.spec.containers.volumeMounts{{name: "rljob-env", mountPath: "{ENV_MOUNT}", readOnly: true}}'
-    uses = f'c.image.startsWith("{image_prefix}")'
+    uses = "(" + " || ".join(f'c.image.startsWith("{prefix}")' for prefix in image_prefixes) + ")"
     init_mount = mount.replace("spec.containers", "spec.initContainers")
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -117,17 +117,21 @@ def worker_env_policy(env_folder: str, image_prefix: str) -> list[dict[str, Any]
     return [policy, binding]
 
 
-def install_operator(cluster: Cluster, image: str, namespace: str = "rljob-system") -> float:
-    """`helm install` of the chart (its CRD, RBAC and Deployment) with the operator's image, on the real
-    node; waits for the operator's pod to be ready and returns the seconds it took."""
+def install_operator(
+    cluster: Cluster, image: str, chart: list[str], pull_secret: str, namespace: str = "rljob-system"
+) -> float:
+    """`helm install` of the chart (`chart`: where it comes from, and how to reach it) with the operator's
+    image pulled with `pull_secret`, on the real node; waits for the operator's pod to be ready and returns the
+    seconds it took."""
     repository, _, tag = image.rpartition(":")
     placement = {"nodeSelector": NODE_SELECTOR, "tolerations": TOLERATIONS}
     t0 = time.monotonic()
     subprocess.run(
-        [str(Path(cluster.env["RLJOB_E2E_BIN"]) / "helm"), "install", "rljob", str(CHART),
-         "--namespace", namespace, "--create-namespace", "--wait", "--timeout", "5m",
-         "--set", f"image.repository={repository}", "--set-string", f"image.tag={tag}",  # a hash may be all digits
-         "--set", "image.pullPolicy=Never",
+        [str(Path(cluster.env["RLJOB_E2E_BIN"]) / "helm"), "install", "rljob", *chart,
+         "--namespace", namespace, "--wait", "--timeout", "5m",
+         "--set", f"image.repository={repository}", "--set-string", f"image.tag={tag}",  # a tag may be all digits
+         "--set", "image.pullPolicy=IfNotPresent",
+         "--set-json", f"imagePullSecrets={json.dumps([{'name': pull_secret}])}",
          "--set", "operator.interval=1",
          "--set-json", f"nodeSelector={json.dumps(NODE_SELECTOR)}",
          "--set-json", f"tolerations={json.dumps(TOLERATIONS)}",
@@ -190,11 +194,14 @@ def host_volume(name: str, namespace: str, claim: str, path: Path) -> list[dict[
     return [volume, claim_doc]
 
 
-def cluster_job(namespace: str, image: str) -> dict[str, Any]:
-    """examples/arithmetic-cluster.yaml in `namespace`, running `image`, every pool on the real node."""
+def cluster_job(namespace: str, image: str, pull_secret: str | None = None) -> dict[str, Any]:
+    """examples/arithmetic-cluster.yaml in `namespace`, running `image`, every pool on the real node: an image
+    imported into the node's containerd, or (with `pull_secret`) one pulled from a registry with that Secret."""
     doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "arithmetic-cluster.yaml").read_text())
     doc["metadata"]["namespace"] = namespace
     doc["spec"].update(image=image, imagePullPolicy="Never")
+    if pull_secret:
+        doc["spec"].update(imagePullPolicy="IfNotPresent", imagePullSecrets=[{"name": pull_secret}])
     for pool in ("rollout", "trainer", "reward"):
         doc["spec"][pool].update(nodeSelector=NODE_SELECTOR, tolerations=TOLERATIONS)
     doc["spec"]["trainer"]["shmSize"] = TRAINER_SHM_SIZE
@@ -252,10 +259,12 @@ def pool_pod_shm(cluster: Cluster, namespace: str, job: str, pool: str) -> dict[
 
 def read_running_pods(cluster: Cluster, namespace: str, job: str) -> dict[str, Any]:
     """What the apply test reads inside the job's pods while it trains: each Ray pod's raylet connect time
-    to its object store (store_connect) and each trainer pod's /dev/shm size (shm)."""
+    to its object store (store_connect), each trainer pod's /dev/shm size (shm) and the images the pods run."""
+    pods = cluster.objects("pods", namespace, f"rljob.io/job={job}")
     return {
         "store_connect": raylet_store_connect(cluster, namespace, job),
         "shm": pool_pod_shm(cluster, namespace, job, "trainer"),
+        "images": sorted({c["image"] for pod in pods for c in pod["spec"]["containers"]}),
     }
 
 

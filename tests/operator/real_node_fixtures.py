@@ -3,8 +3,10 @@ module loads with `pytest_plugins = ["real_node_fixtures"]`.
 
 - `real_cluster` (one per session): the e2e control plane with KubeRay and the real node (kubelet,
   containerd, kube-proxy, CoreDNS); `real_cluster.times` holds how long each part took to come up;
-- `real_operator` (one per session): the operator and worker-test images in the node's containerd, the
-  worker environment's mount policy, and the operator installed by its Helm chart into a pod there.
+- `real_operator` (one per session): the operator and worker-test images pushed to the node's registry
+  (TLS, authentication: e2e/node-registry.sh) and also imported into its containerd, the worker
+  environment's mount policy, and the operator installed from the packaged chart, pulled from that
+  registry as an OCI artifact, into a pod whose image the node pulls with a pull Secret.
 
 A module that adds objects of its own to them (namespaces, volumes) deletes them when it ends, so the
 next module finds the node as these fixtures left it. Both skip, naming what is missing, where the
@@ -16,10 +18,12 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 from e2e_cluster import Cluster, missing_binaries, real_node_missing
 from e2e_real import images_env, images_missing, import_images, install_operator, worker_env_policy
+from e2e_registry import PULL_SECRET, PackagedChart, Registry, project_version, push_chart, push_images
 
 
 @dataclass
@@ -34,8 +38,15 @@ class RealCluster:
 class RealOperator:
     """The operator, installed by its chart on the real node, and the images it and the pools run."""
 
-    images: dict[str, str]
+    images: dict[str, str]  # e2e/images.sh env: the images imported into the node's containerd
+    registry: Registry
+    chart: PackagedChart
+    worker_image: str  # the worker-test image in the registry, pulled with a PULL_SECRET Secret
     namespace: str = "rljob-system"
+
+    def pull_secret(self, namespace: str) -> dict[str, Any]:
+        """The Secret a job's pods pull `worker_image` with, for `namespace`."""
+        return self.registry.pull_secret(namespace)
 
 
 @pytest.fixture(scope="session")
@@ -57,17 +68,32 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealClust
 
 
 @pytest.fixture(scope="session")
-def real_operator(real_cluster: RealCluster) -> RealOperator:
+def real_operator(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -> RealOperator:
     missing = images_missing()
     if missing:
         pytest.skip(f"cannot run the operator's pods here: missing {'; '.join(missing)}")
     cluster, times = real_cluster.cluster, real_cluster.times
-    operator = RealOperator(images_env())
+    folder = tmp_path_factory.mktemp("registry-client")
+    registry, images, version = Registry.of(cluster), images_env(), project_version()
     times["images import"] = import_images(cluster)
-    images = operator.images
-    for doc in worker_env_policy(images["RLJOB_E2E_WORKER_ENV"], images["RLJOB_E2E_WORKER_TEST_IMAGE"]):
+    t0 = time.monotonic()
+    push_images(registry, folder, "operator", "worker-test")
+    chart = push_chart(cluster, registry, folder)
+    times["images and chart pushed"] = time.monotonic() - t0
+    repository = f"{registry.address}/rljob"
+    operator = RealOperator(images, registry, chart, f"{repository}/rljob-worker-test:{version}")
+    for doc in worker_env_policy(
+        images["RLJOB_E2E_WORKER_ENV"], images["RLJOB_E2E_WORKER_TEST_IMAGE"], operator.worker_image
+    ):
         cluster.apply(doc)
+    cluster.kubectl("create", "namespace", operator.namespace)
+    cluster.apply(operator.pull_secret(operator.namespace))
+    oci = [chart.reference, "--version", chart.version, "--ca-file", str(registry.ca)]
     times["helm install (operator Ready)"] = install_operator(
-        cluster, images["RLJOB_E2E_OPERATOR_IMAGE"], operator.namespace
+        cluster,
+        f"{repository}/rljob-operator:{version}",
+        [*oci, "--registry-config", str(folder / "helm.json")],
+        PULL_SECRET,
+        operator.namespace,
     )
     return operator

@@ -59,6 +59,7 @@ from e2e_real import (
     seconds_per_step,
     wait_gone,
 )
+from e2e_registry import PULL_SECRET, pulled_images
 
 from rljob_workers.driver.ledger import read_ledger
 
@@ -77,13 +78,14 @@ pytestmark = [
 NS = "rljob-e2e-real"
 JOB = "arithmetic"
 TIMEOUT = 900  # apply -> Succeeded; about 3 minutes on an idle 2-core machine
+TRACKER_KEYS = "tracker-keys"
 
 
 class Setup:
     """The cluster with the operator in a pod, and the folders behind the job's volumes."""
 
     def __init__(self, real: RealCluster, operator: RealOperator, root: Path) -> None:
-        self.cluster, self.root, self.images = real.cluster, root, operator.images
+        self.cluster, self.root, self.images, self.operator = real.cluster, root, operator.images, operator
         self.assets, self.runs = root / "assets", root / "runs"
         self.times = real.times
         self.prometheus: Prometheus | None = None
@@ -153,9 +155,46 @@ def watch(
     return status, first_step
 
 
+def registry_job(setup: Setup) -> dict[str, Any]:
+    """The example whose images come from the node's registry, pulled with the job's pull Secret
+    (spec.imagePullSecrets), and whose driver takes the trackers' credentials (spec.logging.secretName): it
+    starts only once the kubelet has read them."""
+    job = cluster_job(NS, setup.operator.worker_image, PULL_SECRET)
+    setup.cluster.apply(setup.operator.pull_secret(NS))
+    job["spec"].setdefault("logging", {})["secretName"] = TRACKER_KEYS
+    setup.cluster.kubectl("create", "secret", "generic", TRACKER_KEYS, "-n", NS, "--from-literal=WANDB_API_KEY=unused")
+    return job
+
+
+def assert_pods_ran_what_was_pulled(setup: Setup, inside: dict[str, Any]) -> None:
+    """Every pod of the job ran the image the node pulled from the registry (none was imported under that
+    name); the driver's environment came from the trackers' Secret."""
+    assert setup.operator.worker_image in pulled_images(setup.cluster, setup.operator.registry)
+    assert set(inside.get("images", ())) == {setup.operator.worker_image}, inside.get("images")
+    driver_pod = setup.cluster.objects("pods", NS, f"rljob.io/job={JOB},rljob.io/component=driver")[0]["spec"]
+    assert driver_pod["containers"][0]["envFrom"] == [{"secretRef": {"name": TRACKER_KEYS}}], driver_pod
+
+
+def delete_leaves_only_the_claims(cluster: Cluster) -> None:
+    """kubectl delete: every child goes (pods, services, the driver Job, ConfigMap, RBAC, RayCluster)."""
+    cluster.kubectl("delete", "rlj", JOB, "-n", NS, "--wait=true", "--timeout=120s")
+    selector = f"rljob.io/job={JOB}"
+    wait_gone(
+        cluster,
+        NS,
+        selector,
+        "pods,services,jobs,configmaps,secrets,networkpolicies,serviceaccounts,roles,rolebindings,rayclusters",
+    )
+    wait_for("no pod in the namespace", lambda: not cluster.kubectl("get", "pods", "-n", NS, "-o", "name").stdout)
+    services = cluster.kubectl("get", "services", "-n", NS, "-o", "name").stdout
+    claims = cluster.kubectl("get", "pvc", "-n", NS, "-o", "name").stdout.split()
+    assert not services.strip(), services
+    assert sorted(claims) == ["persistentvolumeclaim/rljob-assets", "persistentvolumeclaim/rljob-runs"], claims
+
+
 def test_apply_trains_to_succeeded_and_delete_leaves_nothing(setup: Setup) -> None:
     cluster = setup.cluster
-    job = cluster_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"])
+    job = registry_job(setup)
     started, applied = time.monotonic(), time.time()
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
     inside: dict[str, Any] = {}  # read inside the job's pods once training started
@@ -181,23 +220,11 @@ def test_apply_trains_to_succeeded_and_delete_leaves_nothing(setup: Setup) -> No
     assert len(store_connect) >= 2 and max(store_connect.values()) < 0.5, store_connect
     # the trainer pod's /dev/shm is memory-backed at the size the spec set (spec.trainer.shmSize)
     assert shm and set(shm.values()) == {TRAINER_SHM_BYTES}, shm
+    assert_pods_ran_what_was_pulled(setup, inside)
     driver_log = cluster.kubectl("logs", "-n", NS, f"job/{JOB}-driver").stdout
     assert f"step {job['spec']['algorithm']['totalSteps']}/" in driver_log, driver_log[-3000:]
 
-    # kubectl delete: every child goes (pods, services, the driver Job, ConfigMap, RBAC, RayCluster)
-    cluster.kubectl("delete", "rlj", JOB, "-n", NS, "--wait=true", "--timeout=120s")
-    selector = f"rljob.io/job={JOB}"
-    wait_gone(
-        cluster,
-        NS,
-        selector,
-        "pods,services,jobs,configmaps,secrets,networkpolicies,serviceaccounts,roles,rolebindings,rayclusters",
-    )
-    wait_for("no pod in the namespace", lambda: not cluster.kubectl("get", "pods", "-n", NS, "-o", "name").stdout)
-    services = cluster.kubectl("get", "services", "-n", NS, "-o", "name").stdout
-    claims = cluster.kubectl("get", "pvc", "-n", NS, "-o", "name").stdout.split()
-    assert not services.strip(), services
-    assert sorted(claims) == ["persistentvolumeclaim/rljob-assets", "persistentvolumeclaim/rljob-runs"], claims
+    delete_leaves_only_the_claims(cluster)
     assert (final_checkpoint / "state.json").exists(), "the checkpoint outlives the job, on the user's volume"
 
     # the same spec with `rljob run` on this machine, now idle again

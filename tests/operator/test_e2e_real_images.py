@@ -1,19 +1,26 @@
-"""A job whose image the node cannot pull says so, on the real node (e2e/README.md): the kubelet's
-ErrImagePull / ImagePullBackOff reaches the RLJob's status (the Degraded condition, the pool's, the message)
-and a Warning Event, naming the pod and the image, within a minute of `kubectl apply`; not a silent
-Provisioning. The registry here is one that does not answer, so the pull fails as it does without
-credentials (a registry with authentication on the test network is not built yet)."""
+"""Images and the chart from a registry with credentials, on the real node (e2e/README.md).
+
+The shared fixture pushed the operator and worker-test images to the node's registry (TLS from the
+cluster's CA, htpasswd authentication: e2e/node-registry.sh) with `e2e/images-push.sh`, pushed the chart
+that `helm package` made as an OCI artifact, and installed the operator from it, its image pulled with the
+chart's `imagePullSecrets`. Here: what runs is what was pulled, and a job whose pods pull without the
+job's pull Secret says so: the kubelet's ErrImagePull / ImagePullBackOff (the registry's 401) reaches the
+RLJob's status (the Degraded condition, the pool's, the message) and a Warning Event, naming the pod and
+the image, within a minute of `kubectl apply`; not a silent Provisioning."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 from e2e_cluster import wait_for
 from e2e_real import cluster_job, diagnose
+from e2e_registry import PULL_SECRET, project_version, pulled_images
 
 if TYPE_CHECKING:  # pytest loads it, as a plugin, below
     from real_node_fixtures import RealCluster, RealOperator
@@ -22,8 +29,6 @@ pytest_plugins = ["real_node_fixtures"]
 pytestmark = [pytest.mark.cluster, pytest.mark.node, pytest.mark.serial, pytest.mark.timeout(600)]
 
 NS = "rljob-e2e-images"
-# Nothing listens there: the node's containerd is refused at once, and the kubelet backs off.
-UNPULLABLE = "127.0.0.1:5999/rljob/rljob-worker:no-such-tag"
 SHOWN_WITHIN = 60.0
 
 
@@ -36,8 +41,9 @@ def test_a_job_whose_image_cannot_be_pulled_says_so_within_a_minute(
     real_cluster: RealCluster, real_operator: RealOperator
 ) -> None:
     cluster = real_cluster.cluster
-    job = cluster_job(NS, UNPULLABLE)
-    job["spec"]["imagePullPolicy"] = "IfNotPresent"
+    unpullable = real_operator.worker_image  # there, but only for a client with the registry's credentials
+    job = cluster_job(NS, unpullable)
+    job["spec"]["imagePullPolicy"] = "Always"  # the node may hold it already (pulled with the Secret)
     for part in ("model", "data", "checkpoint"):  # no claims: the pods are scheduled, then pull
         job["spec"][part].pop("volume", None)
     name = job["metadata"]["name"]
@@ -56,8 +62,8 @@ def test_a_job_whose_image_cannot_be_pulled_says_so_within_a_minute(
             raise AssertionError(f"{exc}\n{diagnose(cluster, NS)}") from None
         took = time.monotonic() - started
         degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
-        assert UNPULLABLE in degraded["message"] and "pod " in degraded["message"], degraded
-        assert status["phase"] == "Provisioning" and UNPULLABLE in status["message"], status
+        assert unpullable in degraded["message"] and "pod " in degraded["message"], degraded
+        assert status["phase"] == "Provisioning" and unpullable in status["message"], status
         assert any(c["reason"] == "ImagePullFailed" for c in status["conditions"] if c["type"].endswith("Ready"))
         events = json.loads(
             cluster.kubectl(
@@ -65,8 +71,30 @@ def test_a_job_whose_image_cannot_be_pulled_says_so_within_a_minute(
                 "--field-selector", f"involvedObject.kind=RLJob,involvedObject.name={name},reason=ImagePullFailed",
             ).stdout
         )["items"]  # fmt: skip
-        assert events and UNPULLABLE in events[0]["message"] and events[0]["type"] == "Warning", events
+        assert events and unpullable in events[0]["message"] and events[0]["type"] == "Warning", events
         described = cluster.kubectl("describe", "rlj", name, "-n", NS).stdout
         print(f"\nImagePullFailed {took:.1f}s after apply: {degraded['message']}\n{described[-1500:]}")
     finally:
         cluster.kubectl("delete", "namespace", NS, "--wait=true", "--timeout=180s", "--ignore-not-found", check=False)
+
+
+def test_the_operator_runs_from_the_packaged_chart_and_the_registry(
+    real_cluster: RealCluster, real_operator: RealOperator
+) -> None:
+    cluster, registry, chart = real_cluster.cluster, real_operator.registry, real_operator.chart
+    version = project_version()
+    # one version for the package, the app and the images (Chart.yaml, pyproject.toml, the pushed tags)
+    assert chart.package.name == f"rljob-operator-{version}.tgz" and chart.version == version, chart
+    helm = Path(cluster.env["RLJOB_E2E_BIN"]) / "helm"
+    listed = subprocess.run(
+        [str(helm), "list", "-n", real_operator.namespace, "-o", "json"],
+        env=cluster.env, capture_output=True, text=True, check=True, timeout=60,
+    ).stdout  # fmt: skip
+    releases = [(r["name"], r["chart"], r["app_version"], r["status"]) for r in json.loads(listed)]
+    assert releases == [("rljob", f"rljob-operator-{version}", version, "deployed")], releases
+    pods = cluster.objects("pods", real_operator.namespace, "app.kubernetes.io/name=rljob-operator")
+    operator_image = f"{registry.address}/rljob/rljob-operator:{version}"
+    assert [c["image"] for pod in pods for c in pod["spec"]["containers"]] == [operator_image], pods
+    assert [s["name"] for pod in pods for s in pod["spec"]["imagePullSecrets"]] == [PULL_SECRET]
+    assert operator_image in pulled_images(cluster, registry)
+    print(f"\ninstalled {chart.reference}:{chart.version}; the node pulled {pulled_images(cluster, registry)}")

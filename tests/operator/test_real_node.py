@@ -170,7 +170,7 @@ def test_deleting_pods_leaves_nothing_behind(cluster: Cluster, request: pytest.F
     assert not left, f"left on the host after the pods were deleted: {sorted(left)}"
 
 
-NODE_PROCESSES = ("kube-proxy", "kubelet", "containerd", "coredns", "api-forward")
+NODE_PROCESSES = ("kube-proxy", "kubelet", "containerd", "coredns", "api-forward", "registry")
 
 
 def test_a_node_killed_without_its_stop_does_not_bar_the_next(
