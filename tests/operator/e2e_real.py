@@ -23,6 +23,7 @@ from typing import Any
 
 import yaml
 from e2e_cluster import E2E, REPO, Cluster, wait_for
+from e2e_registry import PULL_SECRET
 
 from conftest import store_connect_seconds
 
@@ -50,14 +51,6 @@ def images_missing() -> list[str]:
     if out.returncode == 0:
         return []
     return [line for line in (out.stdout + out.stderr).splitlines() if line.strip()] or ["e2e/images.sh check failed"]
-
-
-def import_images(cluster: Cluster) -> float:
-    """The operator and worker-test images into the node's containerd; returns the seconds it took."""
-    t0 = time.monotonic()
-    sock = cluster.state / "node" / "containerd" / "containerd.sock"
-    subprocess.run(["bash", str(E2E / "images.sh"), "import", str(sock)], check=True, capture_output=True)
-    return time.monotonic() - t0
 
 
 def worker_env_policy(env_folder: str, *image_prefixes: str) -> list[dict[str, Any]]:
@@ -194,14 +187,12 @@ def host_volume(name: str, namespace: str, claim: str, path: Path) -> list[dict[
     return [volume, claim_doc]
 
 
-def cluster_job(namespace: str, image: str, pull_secret: str | None = None) -> dict[str, Any]:
-    """examples/arithmetic-cluster.yaml in `namespace`, running `image`, every pool on the real node: an image
-    imported into the node's containerd, or (with `pull_secret`) one pulled from a registry with that Secret."""
+def cluster_job(namespace: str, image: str) -> dict[str, Any]:
+    """examples/arithmetic-cluster.yaml in `namespace`, running `image`, every pool on the real node: the image
+    pulled from the node's registry with the pull Secret PULL_SECRET of the job's namespace."""
     doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "arithmetic-cluster.yaml").read_text())
     doc["metadata"]["namespace"] = namespace
-    doc["spec"].update(image=image, imagePullPolicy="Never")
-    if pull_secret:
-        doc["spec"].update(imagePullPolicy="IfNotPresent", imagePullSecrets=[{"name": pull_secret}])
+    doc["spec"].update(image=image, imagePullPolicy="IfNotPresent", imagePullSecrets=[{"name": PULL_SECRET}])
     for pool in ("rollout", "trainer", "reward"):
         doc["spec"][pool].update(nodeSelector=NODE_SELECTOR, tolerations=TOLERATIONS)
     doc["spec"]["trainer"]["shmSize"] = TRAINER_SHM_SIZE
@@ -351,11 +342,12 @@ def intruder_pod(image: str, control: str, weights: str) -> dict[str, Any]:
             "restartPolicy": "Never",
             "nodeSelector": NODE_SELECTOR,  # the real node, not a kwok one
             "tolerations": TOLERATIONS,
+            "imagePullSecrets": [{"name": PULL_SECRET}],
             "containers": [
                 {
                     "name": "intruder",
                     "image": image,
-                    "imagePullPolicy": "Never",
+                    "imagePullPolicy": "IfNotPresent",
                     "command": [f"{ENV_MOUNT}/bin/python", "-c", INTRUDER_SCRIPT, control, weights],
                 }
             ],
@@ -363,13 +355,17 @@ def intruder_pod(image: str, control: str, weights: str) -> dict[str, Any]:
     }
 
 
-def intrude(cluster: Cluster, image: str, namespace: str, job: str) -> dict[str, list[str]]:
-    """Run the intruder against the running job; what each of its calls got."""
+def intrude(
+    cluster: Cluster, image: str, pull_secret: dict[str, Any], namespace: str, job: str
+) -> dict[str, list[str]]:
+    """Run the intruder (its image pulled with `pull_secret`, a Secret made in its namespace) against the running
+    job; what each of its calls got."""
     log = cluster.kubectl("logs", "-n", namespace, f"job/{job}-driver").stdout
     found = re.search(r"WeightService on (\S+)", log)
     assert found, f"the driver did not log its WeightService address:\n{log[-2000:]}"
     control = f"{job}-control.{namespace}.svc:50051"
     cluster.kubectl("create", "namespace", INTRUDER_NS, check=False)
+    cluster.apply({**pull_secret, "metadata": {**pull_secret["metadata"], "namespace": INTRUDER_NS}})
     cluster.apply(intruder_pod(image, control, found.group(1)))
     wait_for(
         "the intruder pod to finish",

@@ -4,8 +4,9 @@ module loads with `pytest_plugins = ["real_node_fixtures"]`.
 - `real_cluster` (one per session): the e2e control plane with KubeRay and the real node (kubelet,
   containerd, kube-proxy, CoreDNS); `real_cluster.times` holds how long each part took to come up;
 - `real_operator` (one per session): the operator and worker-test images pushed to the node's registry
-  (TLS, authentication: e2e/node-registry.sh) and also imported into its containerd, the worker
-  environment's mount policy, and the operator installed from the packaged chart, pulled from that
+  (TLS, authentication: e2e/node-registry.sh), which every pod pulls them from (none is imported: containerd
+  1.6's CRI lost an imported name once the same image was pulled under another), the worker environment's
+  mount policy, and the operator installed from the packaged chart, pulled from that
   registry as an OCI artifact, into a pod whose image the node pulls with a pull Secret.
 
 A module that adds objects of its own to them (namespaces, volumes) deletes them when it ends, so the
@@ -22,7 +23,7 @@ from typing import Any
 
 import pytest
 from e2e_cluster import Cluster, missing_binaries, real_node_missing
-from e2e_real import images_env, images_missing, import_images, install_operator, worker_env_policy
+from e2e_real import images_env, images_missing, install_operator, worker_env_policy
 from e2e_registry import PULL_SECRET, PackagedChart, Registry, project_version, push_chart, push_images
 
 
@@ -38,7 +39,7 @@ class RealCluster:
 class RealOperator:
     """The operator, installed by its chart on the real node, and the images it and the pools run."""
 
-    images: dict[str, str]  # e2e/images.sh env: the images imported into the node's containerd
+    images: dict[str, str]  # e2e/images.sh env: the images built here, the worker environment
     registry: Registry
     chart: PackagedChart
     worker_image: str  # the worker-test image in the registry, pulled with a PULL_SECRET Secret
@@ -75,16 +76,13 @@ def real_operator(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFa
     cluster, times = real_cluster.cluster, real_cluster.times
     folder = tmp_path_factory.mktemp("registry-client")
     registry, images, version = Registry.of(cluster), images_env(), project_version()
-    times["images import"] = import_images(cluster)
     t0 = time.monotonic()
     push_images(registry, folder, "operator", "worker-test")
     chart = push_chart(cluster, registry, folder)
     times["images and chart pushed"] = time.monotonic() - t0
     repository = f"{registry.address}/rljob"
     operator = RealOperator(images, registry, chart, f"{repository}/rljob-worker-test:{version}")
-    for doc in worker_env_policy(
-        images["RLJOB_E2E_WORKER_ENV"], images["RLJOB_E2E_WORKER_TEST_IMAGE"], operator.worker_image
-    ):
+    for doc in worker_env_policy(images["RLJOB_E2E_WORKER_ENV"], operator.worker_image):
         cluster.apply(doc)
     cluster.kubectl("create", "namespace", operator.namespace)
     cluster.apply(operator.pull_secret(operator.namespace))

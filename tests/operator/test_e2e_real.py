@@ -59,7 +59,7 @@ from e2e_real import (
     seconds_per_step,
     wait_gone,
 )
-from e2e_registry import PULL_SECRET, pulled_images
+from e2e_registry import pulled_images
 
 from rljob_workers.driver.ledger import read_ledger
 
@@ -114,6 +114,7 @@ def setup(
         make_assets(s.assets, example_model)
         make_runs_folder(s.runs)
         cluster.kubectl("create", "namespace", NS)
+        cluster.apply(real_operator.pull_secret(NS))  # every job of this module pulls the registry's image
         for name, claim, path in (("assets", "rljob-assets", s.assets), ("runs", "rljob-runs", s.runs)):
             for doc in host_volume(f"{NS}-{name}", NS, claim, path):
                 cluster.apply(doc)
@@ -159,8 +160,7 @@ def registry_job(setup: Setup) -> dict[str, Any]:
     """The example whose images come from the node's registry, pulled with the job's pull Secret
     (spec.imagePullSecrets), and whose driver takes the trackers' credentials (spec.logging.secretName): it
     starts only once the kubelet has read them."""
-    job = cluster_job(NS, setup.operator.worker_image, PULL_SECRET)
-    setup.cluster.apply(setup.operator.pull_secret(NS))
+    job = cluster_job(NS, setup.operator.worker_image)
     job["spec"].setdefault("logging", {})["secretName"] = TRACKER_KEYS
     setup.cluster.kubectl("create", "secret", "generic", TRACKER_KEYS, "-n", NS, "--from-literal=WANDB_API_KEY=unused")
     return job
@@ -291,7 +291,7 @@ def _judged_run(
     """Apply the judged job, watch its reward pods until it ends, check its ledger, delete it. Also returns
     the reward scalings (from, to) `kubectl describe rlj` shows."""
     cluster = setup.cluster
-    job = judged_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"], name, ELASTIC_STEPS, replicas)
+    job = judged_job(NS, setup.operator.worker_image, name, ELASTIC_STEPS, replicas)
     started, applied = time.monotonic(), time.time()
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
     watch_ = PoolWatch(cluster, NS, name).start()
@@ -333,14 +333,14 @@ def test_pods_that_die_come_back_and_nothing_is_lost(setup: Setup) -> None:
     the job and rewrites nothing; the Job restarts the driver, which resumes from the checkpoint on the
     volume. The run's own ledger: every prompt trained once, every sample scored once."""
     cluster = setup.cluster
-    job = fault_job(NS, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"], FAULT_JOB, FAULT_STEPS)
+    job = fault_job(NS, setup.operator.worker_image, FAULT_JOB, FAULT_STEPS)
     run = FaultRun(cluster, NS, FAULT_JOB)
     applied = time.time()
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
     wait_for("the first step", lambda: run.step() >= 1, timeout=TIMEOUT, every=0.5)
     # A pod of another namespace, without the token, while the job trains: it reaches both ports (the e2e
     # node's bridge enforces no NetworkPolicy) and is refused by the token; no Stop, no weights.
-    intruder = intrude(cluster, setup.images["RLJOB_E2E_WORKER_TEST_IMAGE"], NS, FAULT_JOB)
+    intruder = intrude(cluster, setup.operator.worker_image, setup.operator.pull_secret(NS), NS, FAULT_JOB)
     assert intruder == {"Stop": ["UNAUTHENTICATED"] * 2, "FetchWeights": ["UNAUTHENTICATED"] * 2}, intruder
     assert run.status().get("phase") == "Running", "the intruder stopped the job or it ended before the intrusion"
     faults = []

@@ -43,6 +43,7 @@ def test_a_job_whose_image_cannot_be_pulled_says_so_within_a_minute(
     cluster = real_cluster.cluster
     unpullable = real_operator.worker_image  # there, but only for a client with the registry's credentials
     job = cluster_job(NS, unpullable)
+    del job["spec"]["imagePullSecrets"]  # and no Secret in NS either
     job["spec"]["imagePullPolicy"] = "Always"  # the node may hold it already (pulled with the Secret)
     for part in ("model", "data", "checkpoint"):  # no claims: the pods are scheduled, then pull
         job["spec"][part].pop("volume", None)
