@@ -8,13 +8,15 @@ Measures, per RLJob, from its create call returning:
 and the operator's resident memory (peak, sampled every 0.2 s; target < 200 MB), CPU time and
 reconcile errors (target 0). Baseline, in the same run and on the same cluster: the same 50
 RayClusters (as the operator renders them) created directly by this script, timed the same way,
-which is what the control plane alone costs under this load.
+which is what the control plane alone costs under this load. `--before GIT_REF`: the operator of that
+commit (its packages from a git worktree) does the same burst first, in its own namespace of the same
+cluster, and a table puts the two side by side (after/before).
 
 kwok runs no container and would complete the driver Job at once, so, as in the integration tests,
 head and driver pods are placed on a label no node has and this script reports them Running as a
 kubelet would, the moment they appear.
 
-    python benchmarks/operator/run.py [--jobs 50] [--interval 5] [--json out.json] [--crd FILE]
+    python benchmarks/operator/run.py [--jobs 50] [--interval 5] [--json out.json] [--crd FILE] [--before GIT_REF]
 """
 
 from __future__ import annotations
@@ -58,9 +60,9 @@ def start_cluster(state: Path) -> dict[str, str]:
     ).stdout.decode()
     env = dict(item.split("=", 1) for item in dump.split("\0") if "=" in item)
     sh("bash", str(E2E / "cluster.sh"), "kuberay", env=env)
-    # 3 one-CPU pods per job (rollout, trainer, reward): 12 nodes of 32 cores hold the operator's 50 jobs
-    # and the baseline's 50 RayClusters side by side.
-    sh(sys.executable, str(E2E / "nodes.py"), "apply", "--pool", "cpu:12:0", env=env)
+    # 3 one-CPU pods per job (rollout, trainer, reward): 18 nodes of 32 cores hold the operator's 50 jobs, the
+    # earlier operator's 50 (--before) and the baseline's 50 RayClusters side by side.
+    sh(sys.executable, str(E2E / "nodes.py"), "apply", "--pool", "cpu:18:0", env=env)
     return env
 
 
@@ -216,6 +218,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--crd", type=Path, default=REPO / "crds" / "rljob.io_rljobs.yaml")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--before",
+        metavar="GIT_REF",
+        help="first run the operator of this commit (a git worktree) the same way, on the same cluster: before/after",
+    )
     return parser.parse_args()
 
 
@@ -230,11 +237,22 @@ def install_crd(env: dict[str, str], crd: Path) -> None:
             time.sleep(1)
 
 
-def start_operator(env: dict[str, str], state: Path, interval: float) -> tuple[subprocess.Popen[bytes], int]:
+def worktree_env(env: dict[str, str], ref: str, state: Path) -> dict[str, str]:
+    """The environment that runs the packages of commit `ref` (checked out as a git worktree in `state`)
+    ahead of this tree's editable install."""
+    folder = state / "before"
+    sh("git", "-C", str(REPO), "worktree", "add", "--detach", str(folder), ref, env=env)
+    where = [folder / part for part in ("api", "operator", "workers", "proto/gen")]
+    return {**env, "PYTHONPATH": os.pathsep.join(str(path) for path in where)}
+
+
+def start_operator(
+    env: dict[str, str], state: Path, interval: float, name: str = "operator"
+) -> tuple[subprocess.Popen[bytes], int]:
     """`python -m rljob_operator` with admin credentials; its log in the state folder. Returns it and its
     metrics port."""
     metrics_port = 18000 + os.getpid() % 1000
-    log = (state / "operator.log").open("wb")
+    log = (state / f"{name}.log").open("wb")
     operator = subprocess.Popen(
         [sys.executable, "-m", "rljob_operator", f"--interval={interval}", "--metrics-host=127.0.0.1",
          f"--metrics-port={metrics_port}", f"--system-node-selector={json.dumps(SYSTEM_POOL)}"],
@@ -306,6 +324,26 @@ def burst(operator: subprocess.Popen[bytes], metrics_port: int, ns: str, args: a
     }
 
 
+def before_after(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """The two operators side by side: apply -> RayCluster p50/p99, peak memory, CPU, and after/before."""
+    rows = [
+        ("apply -> RayCluster p50 (s)", before["apply_to_raycluster"]["p50_s"], after["apply_to_raycluster"]["p50_s"]),
+        ("apply -> RayCluster p99 (s)", before["apply_to_raycluster"]["p99_s"], after["apply_to_raycluster"]["p99_s"]),
+        (
+            "apply -> phase Running p99 (s)",
+            before["apply_to_phase_running"]["p99_s"],
+            after["apply_to_phase_running"]["p99_s"],
+        ),
+        ("operator RSS peak (MB)", before["rss_peak_mb"], after["rss_peak_mb"]),
+        ("operator CPU (s)", before["cpu_seconds"], after["cpu_seconds"]),
+    ]
+    lines = [f"{'':32} {'before':>8} {'after':>8} {'after/before':>12}"]
+    for name, old, new in rows:
+        ratio = f"{new / old:.2f}" if old and new is not None else "-"
+        lines.append(f"{name:32} {old!s:>8} {new!s:>8} {ratio:>12}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     args = parse_args()
     state = Path(tempfile.mkdtemp(prefix="rljob-bench-"))
@@ -314,13 +352,21 @@ def main() -> int:
     try:
         install_crd(env, args.crd)
         config.load_kube_config(env["KUBECONFIG"])
-        ns = "bench"
-        client.CoreV1Api().create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-        operator, metrics_port = start_operator(env, state, args.interval)
-        result = burst(operator, metrics_port, ns, args)
-        operator.terminate()
-        operator.wait(timeout=30)
-        operator = None
+        runs = [("bench", env)]
+        if args.before:
+            runs.insert(0, ("bench-before", worktree_env(env, args.before, state)))
+        bursts: dict[str, dict[str, Any]] = {}
+        for ns, run_env in runs:
+            client.CoreV1Api().create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+            operator, metrics_port = start_operator(run_env, state, args.interval, ns)
+            bursts[ns] = burst(operator, metrics_port, ns, args)
+            operator.terminate()
+            operator.wait(timeout=30)
+            operator = None
+        result = bursts["bench"]
+        if args.before:
+            result["before"] = {"ref": args.before, **bursts["bench-before"]}
+            print(before_after(bursts["bench-before"]["operator"], result["operator"]))
         result["baseline_direct_rayclusters"] = baseline(args.jobs, RenderOptions(system_node_selector=SYSTEM_POOL))
         result["machine"] = f"{platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}"
         print(json.dumps(result, indent=2))
@@ -332,6 +378,8 @@ def main() -> int:
             operator.terminate()
             operator.wait(timeout=30)
         subprocess.run(["bash", str(E2E / "cluster.sh"), "clean"], env=env, capture_output=True)
+        if args.before:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(state / "before")])
 
 
 if __name__ == "__main__":

@@ -19,9 +19,9 @@ from kubernetes.client.exceptions import ApiException
 
 from rljob_api import GROUP, PLURAL, VERSION, RLJobInvalid
 
+from .children import Children
 from .config import OperatorConfig
 from .control import ControlClients
-from .informer import Children
 from .kube import Kube, describe, load_api_client, urgent_workers
 from .metrics import OperatorMetrics
 from .reconciler import Context, ensure_children, invalid_message, parse_job, post, refresh
@@ -45,21 +45,14 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: kopf
     if config.metrics_port:
         port = metrics.serve(config.metrics_port, config.metrics_host)
         logger.info(f"metrics on {config.metrics_host}:{port}/metrics")
-    # One pooled connection per thread that may hold one: Kube's two lanes and the informers' watches.
-    api = load_api_client(config.concurrency + urgent_workers(config.concurrency) + Children.watches(config.namespaces))
+    # One pooled connection per thread that may hold one: Kube's two lanes (kopf watches with its own client).
+    api = load_api_client(config.concurrency + urgent_workers(config.concurrency))
     ctx = Context(
         config=config,
         kube=Kube(api, workers=config.concurrency),
         control=ControlClients(config.control_timeout_seconds),
         metrics=metrics,
     )
-    loop = asyncio.get_running_loop()
-
-    def changed(key: tuple[str, str]) -> None:  # called from the informers' threads
-        loop.call_soon_threadsafe(ctx.poke, key)
-
-    ctx.children = Children(api, config.namespaces, changed)
-    ctx.children.start()
     memo["rljob"] = ctx
     memo["poller"] = asyncio.create_task(poll_forever(ctx), name="rljob-poller")
 
@@ -73,16 +66,17 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
             await poller
     ctx: Context | None = memo.get("rljob")
     if ctx is not None:
-        if ctx.children is not None:
-            ctx.children.stop()
         await ctx.control.close()
         ctx.kube.close()
 
 
 @kopf.on.event(*RESOURCE)
-async def remember(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Keep the newest body of every RLJob for the poller; forget deleted ones."""
+async def remember(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Keep the newest body of every RLJob for the poller; forget deleted ones. The first one also hands the
+    poller kopf's indexes of the jobs' children (children.py), which kopf gives to handlers only."""
     ctx: Context = memo["rljob"]
+    if ctx.children is None:
+        ctx.children = Children.of_handler(kwargs)
     key = (body.metadata.namespace or "default", body.metadata.name or "")
     if event.get("type") == "DELETED":
         await ctx.forget(key)
@@ -143,7 +137,7 @@ async def poll_job(ctx: Context, key: tuple[str, str], body: dict[str, Any], ful
 
 async def poll_forever(ctx: Context) -> None:
     """Refresh every known RLJob each interval (polling its controller), and a job whose children changed
-    as soon as the informers say so; `concurrency` at a time."""
+    as soon as kopf's watches say so (children.py); `concurrency` at a time."""
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(ctx.config.concurrency)
 

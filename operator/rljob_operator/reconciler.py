@@ -26,11 +26,11 @@ from pydantic import ValidationError
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import RLJob, RLJobInvalid, RLJobStatus, derive_worker_configs, parse_rljob
 
+from .children import Children
 from .claims import ClaimProblem, check_claims
 from .config import OperatorConfig
 from .control import ControlClients
 from .desired import Desired, next_desired, read_back
-from .informer import Children
 from .kube import Kube, describe
 from .metrics import OperatorMetrics
 from .names import (
@@ -96,7 +96,7 @@ class Context:
     kube: Kube
     control: ControlClients
     metrics: OperatorMetrics
-    children: Children | None = None  # informers of RayClusters, Jobs, pods; None: read the API
+    children: Children | None = None  # kopf's indexes of RayClusters, Jobs, pods (children.py); None: read the API
     jobs: dict[Key, dict[str, Any]] = field(default_factory=dict)  # newest body of each RLJob, from the watch
     last: dict[Key, RLJobStatus] = field(default_factory=dict)  # the status last written
     snapshots: dict[Key, control_pb.JobStatus | None] = field(default_factory=dict)  # the controller's, last poll

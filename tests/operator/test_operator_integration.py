@@ -241,8 +241,8 @@ def test_a_job_deleted_while_polled_leaves_no_error_and_nothing_remembered(
 ) -> None:
     """The race behind a flaky scale run: the poller took an RLJob's body, then the RLJob was deleted
     (there is no finalizer to hold it). Played in process, in order, against the real API server, as the
-    chart's ServiceAccount and without informers: the reads the operator falls back on (GET of the
-    RayCluster and the Job) are audited as its own, whatever the running operator's informers did."""
+    chart's ServiceAccount and without the children's indexes: the reads the operator falls back on (GET of the
+    RayCluster and the Job) are audited as its own, whatever the running operator's watches did."""
     cluster.apply(rljob("vanish", ns))
     key = (ns, "vanish")
 

@@ -2,7 +2,7 @@
 
 The handlers (`ensure_children`) and the poller (`refresh`: reward scaling, a finished run) change the
 job's desired state; `write_children` alone renders the RayCluster from it and writes it. Played in
-process against a fake API server whose informers lag behind on purpose, as real ones may: a cache
+process against a fake API server whose cached children lag behind on purpose, as kopf's indexes may: a cache
 that has not seen the last write yet must not make the operator write the RayCluster again, or write
 back an older reward group (replica counts that flap, and KubeRay deleting pods nobody drained).
 """
@@ -100,7 +100,7 @@ class _Informer:
 
 
 class LaggingInformers:
-    """Informers (informer.Children) that have seen the objects as of the last `sync()` only."""
+    """Indexes (children.Children) that have seen the objects as of the last `sync()` only."""
 
     def __init__(self, kube: FakeKube) -> None:
         self.kube = kube
@@ -176,14 +176,14 @@ async def poll(ctx: Context, doc: dict[str, Any], full: bool = True) -> None:
     await refresh(ctx, parse_job(doc), doc, poll_controller=full)
 
 
-def test_one_ray_cluster_write_per_change_while_the_informers_lag() -> None:
+def test_one_ray_cluster_write_per_change_while_the_cached_children_lag() -> None:
     async def play() -> None:
         ctx, kube, cache, control = context()
         doc = body()
         await handle(ctx, doc)  # created
         assert kube.ray_cluster_writes() == [("apply", "RayCluster", RC)]
         assert kube.reward_group() == (1, [])
-        # The run starts: the driver and one reward replica are up; the informers see them.
+        # The run starts: the driver and one reward replica are up; the cache sees them.
         for p in (pod("elastic-driver-x", {"rljob.io/component": "driver"}), pod("r-0", {"rljob.io/pool": "reward"})):
             kube.put(p)
         kube.put(driver_job())
@@ -192,7 +192,7 @@ def test_one_ray_cluster_write_per_change_while_the_informers_lag() -> None:
         await poll(ctx, doc)
         assert kube.ray_cluster_writes() == []
 
-        # The controller wants 3: one write. The informers have not seen it yet.
+        # The controller wants 3: one write. The cache has not seen it yet.
         control.status = running(desired=3)
         await poll(ctx, doc)
         assert kube.ray_cluster_writes() == [("apply", "RayCluster", RC)]
