@@ -10,7 +10,7 @@ reconcile errors (target 0). Baseline, in the same run and on the same cluster: 
 RayClusters (as the operator renders them) created directly by this script, timed the same way,
 which is what the control plane alone costs under this load. `--before GIT_REF`: the operator of that
 commit (its packages from a git worktree) does the same burst first, in its own namespace of the same
-cluster, and a table puts the two side by side (after/before).
+cluster, deleted (and gone) before this tree's operator starts, and a table puts the two side by side.
 
 kwok runs no container and would complete the driver Job at once, so, as in the integration tests,
 head and driver pods are placed on a label no node has and this script reports them Running as a
@@ -324,6 +324,17 @@ def burst(operator: subprocess.Popen[bytes], metrics_port: int, ns: str, args: a
     }
 
 
+def delete_namespace(ns: str, timeout: float = 300) -> None:
+    """Delete `ns` (its RLJobs, their children, their pods) and wait until it is gone."""
+    core = client.CoreV1Api()
+    core.delete_namespace(ns)
+    deadline = time.monotonic() + timeout
+    while ns in {n.metadata.name for n in core.list_namespace().items if n.metadata}:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"namespace {ns} still there after {timeout:.0f}s")
+        time.sleep(1)
+
+
 def before_after(before: dict[str, Any], after: dict[str, Any]) -> str:
     """The two operators side by side: apply -> RayCluster p50/p99, peak memory, CPU, and after/before."""
     rows = [
@@ -363,6 +374,8 @@ def main() -> int:
             operator.terminate()
             operator.wait(timeout=30)
             operator = None
+            if ns != runs[-1][0]:  # the next operator watches every namespace: leave it none of these jobs
+                delete_namespace(ns)
         result = bursts["bench"]
         if args.before:
             result["before"] = {"ref": args.before, **bursts["bench-before"]}
