@@ -60,9 +60,6 @@ class Children:
         """The indexes from a handler's keyword arguments (kopf names each after its function)."""
         return cls(*(kwargs[name] for name in INDEXES))
 
-    def synced(self) -> bool:
-        return True  # kopf ran no handler that could make this before every index was filled
-
 
 def _by_name(namespace: str | None, name: str | None, body: kopf.Body) -> dict[Key, dict[str, Any]]:
     return {(namespace or "", name or ""): dict(body)}

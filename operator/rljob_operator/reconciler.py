@@ -116,9 +116,6 @@ class Context:
         self.poked.add(key)
         self.wake.set()
 
-    def cached(self) -> Children | None:
-        return self.children if self.children is not None and self.children.synced() else None
-
     def control_address(self, job: RLJob) -> str:
         return self.config.control_address.format(
             service=control_service_name(job),
@@ -149,7 +146,7 @@ async def ensure_children(ctx: Context, job: RLJob, body: Mapping[str, Any]) -> 
     resume handlers). Idempotent; serialised with the job's refreshes."""
     ns = job.metadata.namespace
     async with ctx.lock(key_of(job)):
-        cache = ctx.cached()
+        cache = ctx.children
         if cache is not None:
             ray_cluster = cache.ray_clusters.get(ns, ray_cluster_name(job))
             driver_job = cache.jobs.get(ns, driver_name(job))
@@ -279,7 +276,7 @@ def _deleted(job: RLJob, kind: str, name: str) -> tuple[str, str]:
 
 async def observe_children(ctx: Context, job: RLJob) -> Observed:
     ns = job.metadata.namespace
-    cache = ctx.cached()
+    cache = ctx.children
     if cache is not None:
         return observe(
             cache.ray_clusters.get(ns, ray_cluster_name(job)),

@@ -19,7 +19,6 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 from e2e_cluster import Cluster, missing_binaries, real_node_missing
@@ -44,10 +43,6 @@ class RealOperator:
     chart: PackagedChart
     worker_image: str  # the worker-test image in the registry, pulled with a PULL_SECRET Secret
     namespace: str = "rljob-system"
-
-    def pull_secret(self, namespace: str) -> dict[str, Any]:
-        """The Secret a job's pods pull `worker_image` with, for `namespace`."""
-        return self.registry.pull_secret(namespace)
 
 
 @pytest.fixture(scope="session")
@@ -85,7 +80,7 @@ def real_operator(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFa
     for doc in worker_env_policy(images["RLJOB_E2E_WORKER_ENV"], operator.worker_image):
         cluster.apply(doc)
     cluster.kubectl("create", "namespace", operator.namespace)
-    cluster.apply(operator.pull_secret(operator.namespace))
+    cluster.apply(registry.pull_secret(operator.namespace))
     oci = [chart.reference, "--version", chart.version, "--ca-file", str(registry.ca)]
     times["helm install (operator Ready)"] = install_operator(
         cluster,

@@ -85,7 +85,7 @@ class Setup:
     """The cluster with the operator in a pod, and the folders behind the job's volumes."""
 
     def __init__(self, real: RealCluster, operator: RealOperator, root: Path) -> None:
-        self.cluster, self.root, self.images, self.operator = real.cluster, root, operator.images, operator
+        self.cluster, self.root, self.operator = real.cluster, root, operator
         self.assets, self.runs = root / "assets", root / "runs"
         self.times = real.times
         self.prometheus: Prometheus | None = None
@@ -114,7 +114,7 @@ def setup(
         make_assets(s.assets, example_model)
         make_runs_folder(s.runs)
         cluster.kubectl("create", "namespace", NS)
-        cluster.apply(real_operator.pull_secret(NS))  # every job of this module pulls the registry's image
+        cluster.apply(real_operator.registry.pull_secret(NS))  # every job of this module pulls the registry's image
         for name, claim, path in (("assets", "rljob-assets", s.assets), ("runs", "rljob-runs", s.runs)):
             for doc in host_volume(f"{NS}-{name}", NS, claim, path):
                 cluster.apply(doc)
@@ -340,7 +340,7 @@ def test_pods_that_die_come_back_and_nothing_is_lost(setup: Setup) -> None:
     wait_for("the first step", lambda: run.step() >= 1, timeout=TIMEOUT, every=0.5)
     # A pod of another namespace, without the token, while the job trains: it reaches both ports (the e2e
     # node's bridge enforces no NetworkPolicy) and is refused by the token; no Stop, no weights.
-    intruder = intrude(cluster, setup.operator.worker_image, setup.operator.pull_secret(NS), NS, FAULT_JOB)
+    intruder = intrude(cluster, setup.operator.worker_image, setup.operator.registry.pull_secret(NS), NS, FAULT_JOB)
     assert intruder == {"Stop": ["UNAUTHENTICATED"] * 2, "FetchWeights": ["UNAUTHENTICATED"] * 2}, intruder
     assert run.status().get("phase") == "Running", "the intruder stopped the job or it ended before the intrusion"
     faults = []

@@ -11,16 +11,14 @@ the image, within a minute of `kubectl apply`; not a silent Provisioning."""
 from __future__ import annotations
 
 import json
-import subprocess
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
 from e2e_cluster import wait_for
 from e2e_real import cluster_job, diagnose
-from e2e_registry import PULL_SECRET, project_version, pulled_images
+from e2e_registry import PULL_SECRET, helm, project_version, pulled_images
 
 if TYPE_CHECKING:  # pytest loads it, as a plugin, below
     from real_node_fixtures import RealCluster, RealOperator
@@ -86,11 +84,7 @@ def test_the_operator_runs_from_the_packaged_chart_and_the_registry(
     version = project_version()
     # one version for the package, the app and the images (Chart.yaml, pyproject.toml, the pushed tags)
     assert chart.package.name == f"rljob-operator-{version}.tgz" and chart.version == version, chart
-    helm = Path(cluster.env["RLJOB_E2E_BIN"]) / "helm"
-    listed = subprocess.run(
-        [str(helm), "list", "-n", real_operator.namespace, "-o", "json"],
-        env=cluster.env, capture_output=True, text=True, check=True, timeout=60,
-    ).stdout  # fmt: skip
+    listed = helm(cluster, chart.package.parent, "list", "-n", real_operator.namespace, "-o", "json")
     releases = [(r["name"], r["chart"], r["app_version"], r["status"]) for r in json.loads(listed)]
     assert releases == [("rljob", f"rljob-operator-{version}", version, "deployed")], releases
     pods = cluster.objects("pods", real_operator.namespace, "app.kubernetes.io/name=rljob-operator")

@@ -110,9 +110,6 @@ class LaggingInformers:
     def sync(self) -> None:
         self.seen = copy.deepcopy(self.kube.objects)
 
-    def synced(self) -> bool:
-        return True
-
 
 class FakeControl:
     """The controller's ControlService: `status` is its answer (None: it does not answer)."""

@@ -231,7 +231,7 @@ class StepLog:
     def write(self, report: StepReport, **extra: Any) -> None:
         self.trackers.log(report.step, self.metrics.write(report, **extra))
         self.samples.write(report)
-        self.trackers.log_samples(report.step, [asdict(sample) for sample in report.logged_samples])
+        self.trackers.log_samples(report.step, report.logged_samples)
 
     def close(self) -> None:
         self.samples.close()

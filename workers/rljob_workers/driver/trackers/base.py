@@ -37,9 +37,6 @@ class SampleTable:
     columns: list[str]
     rows: list[list[Any]]
 
-    def records(self) -> list[dict[str, Any]]:
-        return [dict(zip(self.columns, row, strict=True)) for row in self.rows]
-
 
 class Tracker(Protocol):
     """One tracker's adapter: made with a RunInfo (it logs the settings then), fed each step's scalars and

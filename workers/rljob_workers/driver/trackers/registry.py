@@ -8,8 +8,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import logging
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,10 +76,11 @@ class Trackers:
         values = scalars(record)
         self._each(step, lambda tracker: tracker.log(step, values))
 
-    def log_samples(self, step: int, samples: list[Mapping[str, Any]]) -> None:
-        """A step's logged samples (as its sample log's lines), as each tracker's table."""
+    def log_samples(self, step: int, samples: Sequence[Any]) -> None:
+        """A step's logged samples (LoggedSample dataclasses, as its sample log writes them), as each tracker's
+        table; the table is built only for a tracker to take."""
         if samples and self.started:
-            table = sample_table(samples)
+            table = sample_table([asdict(sample) for sample in samples])
             self._each(step, lambda tracker: tracker.log_samples(step, table))
 
     def _each(self, step: int, call: Callable[[Tracker], None]) -> None:

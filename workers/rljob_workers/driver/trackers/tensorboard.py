@@ -4,7 +4,7 @@ SummaryWriter would load torch into the driver, which `rljob run` keeps without 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from tensorboard.compat.proto.event_pb2 import Event
 from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
@@ -20,20 +20,19 @@ CONFIG_TAG = "config"  # the job's settings, a markdown table in the Text tab
 SAMPLES_TAG = "samples"  # each step's logged samples, a markdown table in the Text tab
 
 
-def markdown_table(table: SampleTable) -> str:
-    """The samples as a markdown table; a cell's pipes and line breaks escaped so that each sample stays a row."""
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """A markdown table; a cell's pipes and line breaks escaped so that each row stays one row."""
 
-    def cell(value: object) -> str:
-        return str(value).replace("|", "\\|").replace("\n", "<br>")
+    def line(cells: Iterable[object]) -> str:
+        return "| " + " | ".join(str(c).replace("|", "\\|").replace("\n", "<br>") for c in cells) + " |"
 
-    rows = ["| " + " | ".join(cell(value) for value in row) + " |" for row in table.rows]
-    return "\n".join(["| " + " | ".join(table.columns) + " |", "|" + "---|" * len(table.columns), *rows])
+    return "\n".join([line(columns), "|" + "---|" * len(columns), *(line(row) for row in rows)])
 
 
 def settings_table(config: Mapping[str, object]) -> str:
     """The settings as a markdown table, one row per setting."""
-    rows = [f"| `{name}` | `{value}` |" for name, value in flat_params(dict(config)).items()]
-    return "\n".join(["| setting | value |", "|---|---|", *rows])
+    rows = [(f"`{name}`", f"`{value}`") for name, value in flat_params(dict(config)).items()]
+    return markdown_table(("setting", "value"), rows)
 
 
 def text_summary(tag: str, text: str) -> Summary:
@@ -62,7 +61,7 @@ class TensorBoard:
         self.writer.flush()  # each step on disk as it ends: `tensorboard --logdir` follows the run
 
     def log_samples(self, step: int, table: SampleTable) -> None:
-        self._write(step, text_summary(SAMPLES_TAG, markdown_table(table)))
+        self._write(step, text_summary(SAMPLES_TAG, markdown_table(table.columns, table.rows)))
         self.writer.flush()
 
     def close(self, exit_code: int) -> None:
