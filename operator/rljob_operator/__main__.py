@@ -48,9 +48,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     config = parse_config(args, os.environ)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # Every watch event of an RLJob or a child runs `remember` or `child_changed`; their "succeeded" lines would
-    # drown the log.
-    quiet = ("Handler 'remember' succeeded", "Handler 'child_changed' succeeded")
+    # Every watch event of an RLJob or a child runs `remember` or an index function (children.py); their
+    # "succeeded" lines would drown the log.
+    quiet = ("Handler 'remember' succeeded", "Handler 'index_", "Handler 'child_deleted' succeeded")
     logging.getLogger("kopf.objects").addFilter(lambda record: not str(record.msg).startswith(quiet))
     kopf.run(
         standalone=True,  # one replica (the chart's Deployment uses strategy Recreate): no peering needed

@@ -1,6 +1,6 @@
 """The children an RLJob owns (RayClusters, driver Jobs, pods), kept in memory by kopf: its watches (with
 their reconnects and back-off) feed an index per kind (`@kopf.index`, objects labelled `rljob.io/job`), and
-an event handler per kind asks for the owning job's refresh as soon as one of them changes.
+each index function asks for the owning job's refresh as soon as one of them changes.
 
 A status refresh then reads memory, not the API server: with many RLJobs, polling each job's children every
 interval would cost three requests per job per interval. kopf calls no other handler before every index is
@@ -61,30 +61,47 @@ class Children:
         return cls(*(kwargs[name] for name in INDEXES))
 
 
-def _by_name(namespace: str | None, name: str | None, body: kopf.Body) -> dict[Key, dict[str, Any]]:
+def _poke(memo: kopf.Memo, namespace: str | None, job: str) -> None:
+    ctx = memo.get("rljob")
+    if ctx is not None:
+        ctx.poke((namespace or "", job))
+
+
+# The index functions are coroutines: kopf runs a plain function in a thread pool, a hop per event that
+# cost more CPU than everything else the operator does with a child's event. Each one also asks for
+# the owning job's refresh (a burst of changes becomes one refresh: handlers.py), so an event costs one
+# handler call; only a deletion, which kopf indexes without calling them, needs a handler of its own.
+@kopf.index("ray.io", "v1", "rayclusters", labels=OF_A_JOB, id=INDEXES[0])
+async def index_ray_cluster(
+    namespace: str | None, name: str | None, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> dict[Key, Any]:
+    _poke(memo, namespace, labels[LABEL_JOB])
     return {(namespace or "", name or ""): dict(body)}
 
 
-@kopf.index("ray.io", "v1", "rayclusters", labels=OF_A_JOB, id=INDEXES[0])
-def index_ray_cluster(namespace: str | None, name: str | None, body: kopf.Body, **_: Any) -> dict[Key, Any]:
-    return _by_name(namespace, name, body)
-
-
 @kopf.index("batch", "v1", "jobs", labels=OF_A_JOB, id=INDEXES[1])
-def index_driver_job(namespace: str | None, name: str | None, body: kopf.Body, **_: Any) -> dict[Key, Any]:
-    return _by_name(namespace, name, body)
+async def index_driver_job(
+    namespace: str | None, name: str | None, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> dict[Key, Any]:
+    _poke(memo, namespace, labels[LABEL_JOB])
+    return {(namespace or "", name or ""): dict(body)}
 
 
 @kopf.index("v1", "pods", labels=OF_A_JOB, id=INDEXES[2])
-def index_pod(namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Key, Any]:
+async def index_pod(
+    namespace: str | None, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> dict[Key, Any]:
+    _poke(memo, namespace, labels[LABEL_JOB])
     return {(namespace or "", labels[LABEL_JOB]): dict(body)}
 
 
-@kopf.on.event("ray.io", "v1", "rayclusters", labels=OF_A_JOB)
-@kopf.on.event("batch", "v1", "jobs", labels=OF_A_JOB)
-@kopf.on.event("v1", "pods", labels=OF_A_JOB)
-async def child_changed(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
-    """Refresh the job whose child this is, soon (a burst of changes becomes one refresh: handlers.py)."""
-    ctx = memo.get("rljob")
-    if ctx is not None:
-        ctx.poke((namespace or "", labels[LABEL_JOB]))
+def _deleted(type: str | None, **_: Any) -> bool:  # kopf names it `type`
+    return type == "DELETED"
+
+
+@kopf.on.event("ray.io", "v1", "rayclusters", labels=OF_A_JOB, when=_deleted)
+@kopf.on.event("batch", "v1", "jobs", labels=OF_A_JOB, when=_deleted)
+@kopf.on.event("v1", "pods", labels=OF_A_JOB, when=_deleted)
+async def child_deleted(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    """Refresh the job whose child is gone, soon."""
+    _poke(memo, namespace, labels[LABEL_JOB])
