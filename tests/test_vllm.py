@@ -62,8 +62,9 @@ def rljob_path() -> str:
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """What tests/vllm_probe.py measured, on a random tiny Llama with tied embeddings (vLLM reloads its output
-    layer specially) that never ends a sample early (long samples for the update in flight)."""
-    model = char_llama(tmp_path_factory.mktemp("vllm") / "model", heads=2, tied=True, eos_bias=-20.0)
+    layer specially) that never ends a sample early (long samples for the update in flight), and takes prompts
+    longer than one engine step's tokens."""
+    model = char_llama(tmp_path_factory.mktemp("vllm") / "model", heads=2, tied=True, eos_bias=-20.0, positions=4096)
     assert VLLM_PYTHON is not None
     env = {**os.environ, "PYTHONPATH": rljob_path()}
     done = subprocess.run(
@@ -108,6 +109,11 @@ def test_an_update_in_flight_pauses_the_running_samples_and_they_span_both_versi
 def test_a_sync_that_cannot_finish_fails_within_its_timeout(probe: dict[str, Any]) -> None:
     assert probe["timeout_error"], "a broadcast nobody sent was taken"
     assert 2.5 <= probe["timeout_seconds"] < 20, probe
+
+
+def test_a_prompt_longer_than_one_engine_step_samples_what_the_policy_gives(probe: dict[str, Any]) -> None:
+    assert probe["beyond_one_step_error"] is None, probe["beyond_one_step_error"]
+    assert probe["beyond_one_step_samples"] == 2 and probe["gap_beyond"] <= LOGPROB_TOLERANCE, probe
 
 
 def _rollout_actor(run: subprocess.Popen[str]) -> int | None:

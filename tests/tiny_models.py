@@ -23,7 +23,14 @@ def save_char_tokenizer(path: Path, chars: str = CHARS) -> dict[str, int]:
 
 
 def char_llama(
-    path: Path, *, seed: int = 0, hidden: int = 64, eos_bias: float = 2.0, heads: int = 4, tied: bool = False
+    path: Path,
+    *,
+    seed: int = 0,
+    hidden: int = 64,
+    eos_bias: float = 2.0,
+    heads: int = 4,
+    tied: bool = False,
+    positions: int = 256,
 ) -> Path:
     """A ~80K-parameter Llama with a character tokenizer. `eos_bias` makes EOS likely (~5% a
     step with the default) so that samples end both at EOS and at max length. vLLM's CPU attention takes
@@ -36,7 +43,7 @@ def char_llama(
         num_hidden_layers=2,
         num_attention_heads=heads,
         num_key_value_heads=min(2, heads),
-        max_position_embeddings=256,
+        max_position_embeddings=positions,
         pad_token_id=0,
         bos_token_id=1,
         eos_token_id=EOS,

@@ -153,6 +153,7 @@ async def probe(model_dir: str) -> dict[str, Any]:
 
         out.update(await update_in_flight(engine, trainer, model_dir))
         out.update(await sync_that_never_comes(engine, trainer))
+        out.update(await beyond_one_step(engine, trainer))
     finally:
         await engine.close()
     return out
@@ -192,6 +193,19 @@ async def sync_that_never_comes(engine: VLLMEngine, trainer: Trainer) -> dict[st
         out["timeout_error"] = f"{type(exc).__name__}: {exc}"[:300]
     out["timeout_seconds"] = time.monotonic() - stuck
     return out
+
+
+async def beyond_one_step(engine: VLLMEngine, trainer: Trainer) -> dict[str, Any]:
+    """A prompt longer than one engine step takes (vLLM's 2048 tokens on a CPU), sampled with a seed, as every
+    rljob sample is: vLLM 0.32 on a CPU splits such a prefill over steps and then rewinds the sample's seeded
+    generator, which a CPU generator cannot do (the engine died of it)."""
+    vocab = int(trainer.model.config.vocab_size)
+    prompt = PromptInput("long", tuple(4 + (j * 7) % (vocab - 4) for j in range(2100)), n=2)
+    try:
+        samples = await generate(engine, [prompt], SHORT)
+    except Exception as exc:
+        return {"beyond_one_step_error": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"beyond_one_step_error": None, "beyond_one_step_samples": len(samples), "gap_beyond": gap(samples, trainer)}
 
 
 def split_gap(sample: FinishedSample, before: Policy, after: Policy) -> float:

@@ -58,6 +58,10 @@ def engine_args(config: RolloutWorkerConfig) -> dict[str, Any]:
         args["gpu_memory_utilization"] = config.gpu_memory_utilization
     else:
         args["enforce_eager"] = True  # no graph capture on the CPU
+        # vLLM 0.32 on a CPU: a prefill split over steps rewinds its seeded sample's generator, which a CPU
+        # generator cannot do, and the engine dies ("CPU Generator does not use offset"); every rljob sample
+        # is seeded. Unsplit, a step takes whole prompts only (a longer one waits for a step of its own).
+        args["enable_chunked_prefill"] = False
         if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
             args["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     return args
