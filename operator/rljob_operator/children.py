@@ -72,15 +72,8 @@ def _poke(memo: kopf.Memo, namespace: str | None, job: str) -> None:
 # the owning job's refresh (a burst of changes becomes one refresh: handlers.py), so an event costs one
 # handler call; only a deletion, which kopf indexes without calling them, needs a handler of its own.
 @kopf.index("ray.io", "v1", "rayclusters", labels=OF_A_JOB, id=INDEXES[0])
-async def index_ray_cluster(
-    namespace: str | None, name: str | None, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
-) -> dict[Key, Any]:
-    _poke(memo, namespace, labels[LABEL_JOB])
-    return {(namespace or "", name or ""): dict(body)}
-
-
 @kopf.index("batch", "v1", "jobs", labels=OF_A_JOB, id=INDEXES[1])
-async def index_driver_job(
+async def index_by_name(
     namespace: str | None, name: str | None, labels: kopf.Labels, body: kopf.Body, memo: kopf.Memo, **_: Any
 ) -> dict[Key, Any]:
     _poke(memo, namespace, labels[LABEL_JOB])
