@@ -2,7 +2,8 @@
 # Push the images e2e/images.sh built to a registry, with the project's version tag
 # (pyproject.toml's version, the chart's appVersion and the CRD's default worker tag):
 #
-#   e2e/images-push.sh REGISTRY [IMAGE...]     IMAGE: operator worker worker-test (default: operator worker)
+#   e2e/images-push.sh REGISTRY [IMAGE...]     IMAGE: operator worker worker-test rollout-vllm-test
+#                                              (default: operator worker)
 #
 # REGISTRY is host[:port]/path, e.g. ghcr.io/rljob, so rljob-operator goes to
 # ghcr.io/rljob/rljob-operator:<version> (the chart's and the CRD's defaults with REGISTRY=ghcr.io/rljob).
@@ -20,7 +21,7 @@ log() { echo "images-push: $*" >&2; }
 die() { log "$*"; exit 1; }
 bah() { buildah --root "${IMG}/storage" --runroot "${IMG}/run" --storage-driver vfs "$@"; }
 
-(($# >= 1)) || die "usage: $0 REGISTRY [operator|worker|worker-test]..."
+(($# >= 1)) || die "usage: $0 REGISTRY [operator|worker|worker-test|rollout-vllm-test]..."
 registry="${1%/}"
 shift
 [[ "${registry}" =~ ^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._/-]+)?$ ]] ||
@@ -53,6 +54,7 @@ for image in "${images[@]}"; do
     operator) push_one rljob-operator "${RLJOB_E2E_OPERATOR_ARCHIVE}" ;;
     worker) push_one rljob-worker "${RLJOB_E2E_WORKER_ARCHIVE}" ;;
     worker-test) push_one rljob-worker-test "${RLJOB_E2E_WORKER_TEST_ARCHIVE}" ;;
-    *) die "unknown image '${image}': operator, worker or worker-test" ;;
+    rollout-vllm-test) push_one rljob-rollout-vllm-test "${RLJOB_E2E_ROLLOUT_VLLM_TEST_ARCHIVE}" ;;
+    *) die "unknown image '${image}': operator, worker, worker-test or rollout-vllm-test" ;;
   esac
 done

@@ -9,6 +9,8 @@
 #   e2e/images.sh operator         the operator image only
 #   e2e/images.sh worker-test      the worker-test image (`--target worker-test`) and its environment
 #   e2e/images.sh worker           the full worker image, once per dependency hash, smoke-tested
+#   e2e/images.sh rollout-vllm-test  engine vllm's rollout-vllm-test image and its environment (vLLM's
+#                                  CPU build, envs/vllm/requirements.lock; about 6 GB; `make e2e-real-vllm`)
 #   e2e/images.sh check            exit 0 only if what `build` makes is there
 #   e2e/images.sh prune            drop all but the newest two deps/src builds (build does this too)
 #   e2e/images.sh env              RLJOB_E2E_* lines (image names, archives, environment) for eval
@@ -63,9 +65,17 @@ src_hash() {
   { deps_hash; sha_files README.md docker/operator.Dockerfile; src_files | (cd "${REPO}" && xargs sha256sum); } | short
 }
 
+# engine vllm's rollout pods: their own environment (vLLM's pins), the same base and Python.
+vllm_hash() {
+  { base_hash; sha_files envs/vllm/requirements.lock docker/rollout-vllm.Dockerfile; echo "venv ${VENV} v1"; } | short
+}
+
 BASE_HASH="$(base_hash)"
 DEPS_HASH="$(deps_hash)"
 SRC_HASH="$(src_hash)"
+VLLM_HASH="$(vllm_hash)"
+VLLM_DIR="${IMG}/vllm-${VLLM_HASH}"
+ROLLOUT_VLLM_TEST_IMAGE="rljob.e2e/rljob-rollout-vllm-test:${VLLM_HASH}"
 BASE_TAR="${IMG}/base-${BASE_HASH}.tar"
 DEPS_DIR="${IMG}/deps-${DEPS_HASH}"
 SRC_DIR="${IMG}/src-${SRC_HASH}"
@@ -162,7 +172,8 @@ build_worker_test_image() {
 
 # The build context of the Dockerfiles' build stage, as a writable copy (pip builds in the tree).
 copy_context() { # dir
-  (cd "${REPO}" && { printf '%s\n' pyproject.toml constraints.txt README.md; src_files; } | tar -cf - -T -) |
+  (cd "${REPO}" && { printf '%s\n' pyproject.toml constraints.txt README.md envs/vllm/requirements.lock; src_files; } |
+    tar -cf - -T -) |
     tar -xf - -C "$1"
 }
 
@@ -213,6 +224,48 @@ build_worker_env() {
   mv "${SRC_DIR}/worker-env.tmp" "${SRC_DIR}/worker-env"
   log "worker env: $(du -sh "${SRC_DIR}/worker-env" | cut -f1) (hard links into ${DEPS_DIR}/venv)"
 }
+
+# engine vllm's pods on the e2e node: the rollout-vllm-test image (the rollout-vllm image's runtime) and,
+# mounted at ${VENV} like the worker's, vLLM's environment made in it from the lock (per lock hash), with
+# this tree's rljob put in (per source hash).
+build_rollout_vllm_test() {
+  local env="${SRC_DIR}/rollout-vllm-env-${VLLM_HASH}" # this tree's rljob in that lock's environment
+  [[ -f "${env}/.done" && -s "${VLLM_DIR}/rollout-vllm-test.tar" ]] && { log "rollout-vllm: cached ${env}"; return 0; }
+  preflight
+  build_worker_env # its image runs the installs below; its folders are this tree's
+  mkdir -p "${VLLM_DIR}"
+  if [[ ! -s "${VLLM_DIR}/rollout-vllm-test.tar" ]]; then
+    load_base
+    timed "${VLLM_DIR}/times.txt" "rollout-vllm-test-build" bud docker/rollout-vllm.Dockerfile \
+      "${ROLLOUT_VLLM_TEST_IMAGE}" --target rollout-vllm-test
+    push "${ROLLOUT_VLLM_TEST_IMAGE}" "${VLLM_DIR}/rollout-vllm-test.tar"
+  fi
+  if [[ ! -f "${VLLM_DIR}/venv/.done" ]]; then
+    rm -rf "${VLLM_DIR}/venv.tmp" && mkdir -p "${VLLM_DIR}/venv.tmp"
+    log "rollout-vllm env: python3 -m venv + pip install the lock (about 6 GB)"
+    timed "${VLLM_DIR}/times.txt" "rollout-vllm-env-deps" in_worker_test "${VLLM_DIR}/venv.tmp" "
+      python3 -m venv ${VENV}
+      ${VENV}/bin/pip install --quiet --no-cache-dir --no-deps -r /src/envs/vllm/requirements.lock"
+    touch "${VLLM_DIR}/venv.tmp/.done"
+    mv "${VLLM_DIR}/venv.tmp" "${VLLM_DIR}/venv"
+  fi
+  rm -rf "${env}.tmp"
+  cp -al "${VLLM_DIR}/venv" "${env}.tmp"
+  rm -f "${env}.tmp/.done"
+  timed "${SRC_DIR}/times.txt" "rollout-vllm-env-rljob" in_worker_test "${env}.tmp" "
+    ${VENV}/bin/pip install --quiet --no-cache-dir --no-deps --force-reinstall /src"
+  # in the rollout image itself: vLLM's CPU kernels load there (they link libraries the image must bring)
+  timed "${SRC_DIR}/times.txt" "rollout-vllm-smoke" smoke --mount "${env}.tmp:${VENV}" \
+    "${VLLM_DIR}/rollout-vllm-test.tar" python -c "${ROLLOUT_VLLM_SMOKE}"
+  touch "${env}.tmp/.done"
+  rm -rf "${env}"
+  mv "${env}.tmp" "${env}"
+}
+# vLLM's CPU kernels load; torch's inductor compiles (vLLM's CPU sampler does, at the first sample); Ray's
+# dashboard agent, which KubeRay's probes ask, has its modules (ray[default])
+ROLLOUT_VLLM_SMOKE="import torch, vllm, vllm._C, ray, aiohttp_cors, rljob_workers.engines.vllm
+assert torch.compile(lambda x: x.sin() + 1)(torch.zeros(4)).tolist() == [1.0] * 4
+print('vllm', vllm.__version__, 'torch', torch.__version__, 'ray', ray.__version__)"
 
 # ---------------------------------------------------------------- private containerd
 # A containerd of our own (its own root, state and socket under a temporary folder, no CRI
@@ -317,8 +370,12 @@ build_worker() {
 prune_stale() {
   local kind keep dir tag
   touch "${DEPS_DIR}" "${SRC_DIR}"
-  for kind in deps src; do
-    keep="$(ls -dt "${IMG}/${kind}-"* 2>/dev/null | head -n 2 | tr '\n' ' ')"
+  for kind in deps src vllm; do
+    if [[ "${kind}" == vllm ]]; then
+      keep="${VLLM_DIR}" # 6 GB each, and only `make e2e-real-vllm` builds one (there may be none)
+    else
+      keep="$(ls -dt "${IMG}/${kind}-"* 2>/dev/null | head -n 2 | tr '\n' ' ')"
+    fi
     for dir in "${IMG}/${kind}-"*; do
       [[ -d "${dir}" && " ${keep} " != *" ${dir} "* ]] || continue
       log "prune: ${dir} ($(du -sh "${dir}" | cut -f1))"
@@ -348,6 +405,9 @@ export RLJOB_E2E_WORKER_ENV=${SRC_DIR}/worker-env
 export RLJOB_E2E_WORKER_ENV_MOUNT=${VENV}
 export RLJOB_E2E_WORKER_IMAGE=${WORKER_IMAGE}
 export RLJOB_E2E_WORKER_ARCHIVE=${DEPS_DIR}/worker.tar
+export RLJOB_E2E_ROLLOUT_VLLM_TEST_IMAGE=${ROLLOUT_VLLM_TEST_IMAGE}
+export RLJOB_E2E_ROLLOUT_VLLM_TEST_ARCHIVE=${VLLM_DIR}/rollout-vllm-test.tar
+export RLJOB_E2E_ROLLOUT_VLLM_ENV=${SRC_DIR}/rollout-vllm-env-${VLLM_HASH}
 ENV
 }
 
@@ -372,6 +432,7 @@ case "${1:-build}" in
   operator) build_operator ;;
   worker-test) build_worker_env ;;
   worker) build_worker ;;
+  rollout-vllm-test) build_rollout_vllm_test ;;
   check) is_built ;;
   prune) prune_stale ;;
   env) print_env ;;

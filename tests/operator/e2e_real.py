@@ -53,16 +53,19 @@ def images_missing() -> list[str]:
     return [line for line in (out.stdout + out.stderr).splitlines() if line.strip()] or ["e2e/images.sh check failed"]
 
 
-def worker_env_policy(env_folder: str, *image_prefixes: str) -> list[dict[str, Any]]:
-    """A MutatingAdmissionPolicy (and its binding) mounting `env_folder` at /opt/rljob/venv, read-only, in
-    every container and init container of a pod that runs the worker-test image (imported or pulled)."""
+def worker_env_policy(
+    env_folder: str, *image_prefixes: str, name: str = "rljob-e2e-worker-env"
+) -> list[dict[str, Any]]:
+    """A MutatingAdmissionPolicy `name` (and its binding) mounting `env_folder` at /opt/rljob/venv, read-only, in
+    every container and init container of a pod that runs an image of `image_prefixes` (the worker-test
+    image's, imported or pulled; the rollout-vllm-test image's, with vLLM's environment)."""
     mount = f'Object.spec.containers.volumeMounts{{name: "rljob-env", mountPath: "{ENV_MOUNT}", readOnly: true}}'
     uses = "(" + " || ".join(f'c.image.startsWith("{prefix}")' for prefix in image_prefixes) + ")"
     init_mount = mount.replace("spec.containers", "spec.initContainers")
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicy",
-        "metadata": {"name": "rljob-e2e-worker-env"},
+        "metadata": {"name": name},
         "spec": {
             "matchConstraints": {
                 "resourceRules": [
@@ -104,8 +107,8 @@ def worker_env_policy(env_folder: str, *image_prefixes: str) -> list[dict[str, A
     binding = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingAdmissionPolicyBinding",
-        "metadata": {"name": "rljob-e2e-worker-env"},
-        "spec": {"policyName": "rljob-e2e-worker-env"},
+        "metadata": {"name": name},
+        "spec": {"policyName": name},
     }
     return [policy, binding]
 
