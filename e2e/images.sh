@@ -226,8 +226,9 @@ build_worker_env() {
 }
 
 # engine vllm's pods on the e2e node: the rollout-vllm-test image (the rollout-vllm image's runtime) and,
-# mounted at ${VENV} like the worker's, vLLM's environment made in it from the lock (per lock hash), with
-# this tree's rljob put in (per source hash).
+# mounted at ${VENV} like the worker's, vLLM's environment made from the lock (per lock hash) in the
+# worker-test image, whose base and python3 are the rollout image's, with this tree's rljob put in (per
+# source hash); the smoke run is in the rollout image itself.
 build_rollout_vllm_test() {
   local env="${SRC_DIR}/rollout-vllm-env-${VLLM_HASH}" # this tree's rljob in that lock's environment
   [[ -f "${env}/.done" && -s "${VLLM_DIR}/rollout-vllm-test.tar" ]] && { log "rollout-vllm: cached ${env}"; return 0; }

@@ -4,11 +4,12 @@ CI's budget holds).
 
 The rollout pool's pods run the rollout-vllm-test image (docker/rollout-vllm.Dockerfile's runtime), pulled
 from the node's registry with the job's pull Secret, with vLLM's CPU build (envs/vllm/requirements.lock, made
-in that image by `e2e/images.sh rollout-vllm-test`) mounted at /opt/rljob/venv by an admission policy, as the
-worker-test pods get theirs; head, trainer, reward and driver run the worker-test image. KubeRay starts Ray in
-each; the driver's `rljob run --cluster` puts the rollout replica on the rollout pod's Ray node, in vLLM's
-environment. The run must reach Succeeded and learn as the hf example does, vLLM's engine process must run
-in the rollout pod, and every step's engine/trainer log-prob mismatch must be fp32-small.
+with that image's base and python3 by `e2e/images.sh rollout-vllm-test`) mounted at /opt/rljob/venv by an
+admission policy, as the worker-test pods get theirs; head, trainer, reward and driver run the worker-test
+image. KubeRay starts Ray in each; the driver's `rljob run --cluster` puts the rollout replica on the rollout
+pod's Ray node, in vLLM's environment. The run must reach Succeeded and learn as the hf example does, vLLM's
+engine process must run in the rollout pod, and every step's engine/trainer log-prob mismatch must be
+fp32-small.
 
 Skips where the real node cannot run, the images are not built, or vLLM's rollout environment is not.
 """
