@@ -8,6 +8,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from .algorithm import AlgorithmSpec
 from .base import IMMUTABLE, FieldRuleError, Model, cel, cel_rules
+from .colocate import COLOCATE_CEL, COLOCATE_DESCRIPTION, check_colocate
 from .evaluation import EvalSpec
 from .placement import CheckpointVolumeSource, LocalObjectReference, SecurityContext, VolumeSource
 from .pools import RolloutSpec, TrainerSpec
@@ -183,6 +184,7 @@ class RLJobSpec(Model):
     logging: LoggingSpec = Field(
         default_factory=LoggingSpec, description="Experiment trackers and sample logs of the run."
     )
+    colocate: bool = Field(False, description=COLOCATE_DESCRIPTION)
     suspend: bool = Field(False, description="Tear the pools down, keeping the checkpoint; false resumes from it.")
     image: str = Field(
         DEFAULT_IMAGE,
@@ -228,6 +230,7 @@ class RLJobSpec(Model):
             raise FieldRuleError(
                 "algorithm.overlong.bufferTokens", f"{buffer} is more than rollout.sampling.maxNewTokens {budget}"
             )
+        check_colocate(self)
         return self
 
     model_config = ConfigDict(
@@ -242,6 +245,8 @@ class RLJobSpec(Model):
                 "algorithm.overlong.bufferTokens must not exceed rollout.sampling.maxNewTokens",
             ),
             cel("self.reward.functions == oldSelf.reward.functions", "reward.functions " + IMMUTABLE),
+            cel("self.colocate == oldSelf.colocate", "colocate " + IMMUTABLE),
+            *COLOCATE_CEL,
         )
     )
 

@@ -136,6 +136,7 @@ class WorkerConfigs(Model):
     trainer: TrainerWorkerConfig
     controller: ControllerConfig
     ports: Ports = Field(default_factory=Ports)
+    colocate: bool = Field(False, description="Each GPU holds a rollout replica and a trainer rank (spec.colocate).")
 
 
 def _rollout_config(spec: RLJobSpec) -> RolloutWorkerConfig:
@@ -211,4 +212,5 @@ def derive_worker_configs(job: RLJob) -> WorkerConfigs:
             weight_sync=spec.weight_sync,
         ),
         controller=_controller_config(job, algorithm),
+        colocate=spec.colocate,
     )

@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import RLJob, RLJobInvalid, RLJobStatus, derive_worker_configs, parse_rljob
+from rljob_api.colocate import refuse_on_a_cluster
 
 from .children import Children
 from .claims import ClaimProblem, check_claims
@@ -73,7 +74,10 @@ def parse_job(body: Mapping[str, Any]) -> RLJob:
         },
         "spec": plain(body.get("spec") or {}),
     }
-    return parse_rljob(document, f"{meta.get('namespace')}/{meta.get('name')}")
+    source = f"{meta.get('namespace')}/{meta.get('name')}"
+    job = parse_rljob(document, source)
+    refuse_on_a_cluster(job, source)  # one machine's GPUs shared by two pools: `rljob run`'s, not the operator's
+    return job
 
 
 def stored_status(body: Mapping[str, Any]) -> RLJobStatus | None:

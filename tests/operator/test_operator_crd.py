@@ -119,6 +119,17 @@ def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str
         ),
         ({"trainer": {**ARITHMETIC["spec"]["trainer"], "shmSize": "2GB"}}, "spec.trainer.shmSize", "should match"),
         ({"imagePullSecrets": ["registry"]}, "spec.imagePullSecrets[0]", "expected map"),
+        ({"colocate": True}, "spec", "colocate pairs one rollout replica (gpusPerReplica 1) with each GPU"),
+        (
+            {
+                "colocate": True,
+                "rollout": {**ARITHMETIC["spec"]["rollout"], "gpusPerReplica": 1},
+                "trainer": {**ARITHMETIC["spec"]["trainer"], "gpusPerNode": 1},
+                "weightSync": {**ARITHMETIC["spec"]["weightSync"], "backend": "nccl"},
+            },
+            "spec",
+            "colocate moves weights by gloo, not nccl",
+        ),
     ],
     ids=[
         "reward-min-gt-max",
@@ -141,6 +152,8 @@ def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str
         "read-only-checkpoint-volume",
         "shm-size-not-a-quantity",
         "pull-secret-as-a-bare-name",
+        "colocate-without-gpus",
+        "colocate-over-nccl",
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(

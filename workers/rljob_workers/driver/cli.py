@@ -19,20 +19,25 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 def cmd_validate(args: argparse.Namespace) -> int:
     """Validate RLJob files; print every broken rule with its field (--deep: and the set-up checks)."""
     from rljob_api import resolve_algorithm
+    from rljob_workers.driver.gpu_fit import check_colocate_fits
     from rljob_workers.driver.setup import SetupError, load_job_file, prepare
 
     failed = 0
     for path in args.files:
         try:
             job = load_job_file(path)
+            fits = True
             if args.deep:
                 prepare(job, None, rollout_python=args.rollout_python)
+                fits = check_colocate_fits(job, gpu_bytes=args.gpu_memory)
         except (RLJobInvalid, SetupError) as exc:
             print(exc, file=sys.stderr)
             failed += 1
         else:
             checked = "; its model, data, rewards and engines check out" if args.deep else ""
             print(f"{path}: valid RLJob {job.metadata.name!r}{checked}")
+            if not fits:
+                print("  spec.colocate: its memory was not checked: no GPU here (--gpu-memory SIZE checks it)")
             # What each preset-decided setting resolves to: the algorithm as the workers will run it.
             print("  " + resolve_algorithm(job.spec.algorithm, job.spec.rollout.sampling.max_new_tokens).summary())
     return 1 if failed else 0
@@ -85,6 +90,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     from rljob_workers.driver.export import run_export
 
     return run_export(args.checkpoint, args.out, args.dtype, args.tokenizer)
+
+
+def gpu_memory(text: str) -> int:
+    """--gpu-memory's bytes; argparse names the option and the text it refuses."""
+    from rljob_api.colocate import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_rollout_python(parser: argparse.ArgumentParser) -> None:
@@ -158,6 +173,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--deep",
         action="store_true",
         help="also run rljob run's set-up checks: model folder, data rows, reward imports and signatures, engines",
+    )
+    p.add_argument(
+        "--gpu-memory",
+        type=gpu_memory,
+        default=None,
+        metavar="SIZE",
+        help="with --deep, check a colocated job (spec.colocate) against GPUs of SIZE (e.g. 24GiB), not the ones here",
     )
     add_rollout_python(p)
 

@@ -11,8 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rljob.v1 import rollout_service_pb2
+from rljob_api.colocate import ROLLOUT_GPU_SHARE, TRAINER_GPU_SHARE
 from rljob_api.workercfg import Pool, WorkerConfigs, pool_resource
 from rljob_workers.common.auth import TOKEN_FILE_ENV
 from rljob_workers.driver.actors import RewardActor, RolloutActor, TrainerActor
@@ -54,22 +57,39 @@ async def pool_started(pool: Pool, loads: str, start: Awaitable[T]) -> T:
 
 
 def _options(
-    pool: Pool, cpus: float, gpus: int, env: dict[str, str] | None, interpreter: dict[str, Any] | None = None
+    pool: Pool,
+    cpus: float,
+    gpus: float,
+    env: dict[str, str] | None,
+    interpreter: dict[str, Any] | None = None,
+    bundle: tuple[PlacementGroup, int] | None = None,
 ) -> dict[str, Any]:
     """An actor of `pool`, given `env` as its runtime env (None: the Ray node already has it), run by another
-    interpreter where `interpreter` says so (rollout_env.runtime_env)."""
+    interpreter where `interpreter` says so (rollout_env.runtime_env), in a colocated GPU's `bundle`."""
     options: dict[str, Any] = {
         "resources": {pool_resource(pool): 1},
         "num_cpus": cpus,
         "num_gpus": gpus,
         "max_restarts": 0,
     }
+    if bundle is not None:
+        group, index = bundle
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
     runtime: dict[str, Any] = {"env_vars": dict(env)} if env is not None else {}
     if interpreter is not None:
         runtime = {**runtime, **interpreter, "env_vars": {**runtime.get("env_vars", {}), **interpreter["env_vars"]}}
     if runtime:
         options["runtime_env"] = runtime
     return options
+
+
+def trainer_rank_options(
+    configs: WorkerConfigs, cpus: float, env: dict[str, str] | None, group: PlacementGroup | None, rank: int
+) -> dict[str, Any]:
+    """Trainer rank `rank`'s actor options: a GPU of its own, or its share of the colocated `group`'s GPU `rank`."""
+    if group is not None:
+        return _options("trainer", cpus, TRAINER_GPU_SHARE, env, bundle=(group, rank))
+    return _options("trainer", cpus, 1 if configs.trainer.gpus_per_node > 0 else 0, env)
 
 
 @dataclass
@@ -84,14 +104,19 @@ class RayTrainer:
 
     @classmethod
     async def start(
-        cls, configs: WorkerConfigs, cpus: float, resume_dir: str | None, env: dict[str, str] | None
+        cls,
+        configs: WorkerConfigs,
+        cpus: float,
+        resume_dir: str | None,
+        env: dict[str, str] | None,
+        group: PlacementGroup | None = None,
     ) -> RayTrainer:
-        world = configs.trainer.world_size
-        gpus = 1 if configs.trainer.gpus_per_node > 0 else 0
-        config_json = configs.trainer.model_dump_json()
-        options = _options("trainer", cpus, gpus, env)
+        """The trainer's ranks, rank r on the colocated `group`'s GPU r where there is one."""
+        world, config_json = configs.trainer.world_size, configs.trainer.model_dump_json()
         actors = [
-            TrainerActor.options(**options).remote(config_json, rank, world, cpus)  # type: ignore[attr-defined]
+            TrainerActor.options(**trainer_rank_options(configs, cpus, env, group, rank)).remote(  # type: ignore[attr-defined]
+                config_json, rank, world, cpus
+            )
             for rank in range(world)
         ]
         address = await actors[0].dist_address.remote() if world > 1 else None
@@ -145,27 +170,39 @@ class ActorPool:
     actor_class: Any
     config_json: str
     cpus: float
-    gpus: int
+    gpus: float
     env: dict[str, str] | None = None  # the replicas' runtime env (see `_options`), set before the first add
     interpreter: dict[str, Any] | None = None  # another interpreter runs them (rollout_env.runtime_env)
+    group: PlacementGroup | None = None  # colocated rollout: a replica per GPU bundle (see colocated_group)
     actors: dict[str, Any] = field(default_factory=dict)
     addresses: dict[str, str] = field(default_factory=dict)
+    bundles: dict[str, int] = field(default_factory=dict)  # colocated: each replica's GPU bundle
     _next: int = 0
 
     async def add(self) -> tuple[str, str]:
         index = self._next
         name = f"{self.pool}-{index}"
         self._next += 1
-        options = _options(self.pool, self.cpus, self.gpus, self.env, self.interpreter)
+        bundle, gpus = None, self.gpus
+        if self.group is not None:  # the GPU no live replica holds: a replacement takes its predecessor's
+            free = sorted(set(range(self.group.bundle_count)) - set(self.bundles.values()))
+            bundle, gpus, self.bundles[name] = (self.group, free[0]), ROLLOUT_GPU_SHARE, free[0]
+        options = _options(self.pool, self.cpus, gpus, self.env, self.interpreter, bundle)
         actor = self.actor_class.options(**options).remote(self.config_json, self.cpus, index)
         address = await actor.start.remote()
         self.actors[name], self.addresses[name] = actor, address
         return name, address
 
+    async def share_gpus_with_trainer(self, configs: WorkerConfigs, trainer_cpus: float) -> PlacementGroup | None:
+        """spec.colocate: this (rollout) pool's replicas go on the trainer's GPUs, one on each (`colocated_group`)."""
+        self.group = await colocated_group(configs, self.cpus, trainer_cpus)
+        return self.group
+
     async def stop(self, name: str) -> str:
         """Stop a replica; returns what names it to the operator (its pod on a cluster, else the replica)."""
         actor = self.actors.pop(name)
         self.addresses.pop(name, None)
+        self.bundles.pop(name, None)
         try:
             pod = await actor.pod_name.remote()
             await asyncio.wait_for(actor.stop.remote(), STOP_GRACE_SECONDS)
@@ -179,6 +216,7 @@ class ActorPool:
         """Kill a replica without warning (fault injection and tests)."""
         ray.kill(self.actors.pop(name))
         self.addresses.pop(name, None)
+        self.bundles.pop(name, None)
 
     async def stop_all(self) -> None:
         await asyncio.gather(*(self.stop(n) for n in list(self.actors)), return_exceptions=True)
@@ -190,3 +228,14 @@ def rollout_pool(configs: WorkerConfigs, cpus: float) -> ActorPool:
 
 def reward_pool(configs: WorkerConfigs, cpus: float) -> ActorPool:
     return ActorPool("reward", RewardActor, configs.reward.model_dump_json(), cpus, configs.reward.gpus)
+
+
+async def colocated_group(configs: WorkerConfigs, rollout_cpus: float, trainer_cpus: float) -> PlacementGroup | None:
+    """spec.colocate's GPUs, one bundle each for a rollout replica and a trainer rank (None when not colocated):
+    Ray books a share of a GPU to each, and the bundle keeps the pair on the same GPU."""
+    if not configs.colocate:
+        return None
+    pair = {"GPU": 1, "CPU": rollout_cpus + trainer_cpus, pool_resource("rollout"): 1, pool_resource("trainer"): 1}
+    group = placement_group([dict(pair) for _ in range(configs.trainer.world_size)], strategy="STRICT_PACK")
+    await group.ready()
+    return group

@@ -17,6 +17,7 @@ from rljob.v1 import control_service_pb2_grpc as control_grpc
 from rljob_api import RLJob, RLJobInvalid, derive_worker_configs
 from rljob_api.workercfg import WorkerConfigs
 from rljob_workers.common.auth import TokenError
+from rljob_workers.driver.gpu_fit import check_colocate_fits, require_gpu_to_colocate
 from rljob_workers.driver.rundir import FolderLock, lock_run_folders, resume_from
 from rljob_workers.driver.setup import (
     SetupError,
@@ -64,6 +65,7 @@ def _run_local(args: argparse.Namespace, locks: list[FolderLock]) -> int:
         job = load_job_file(args.file)
         output = Path(args.output or Path("rljob-runs") / job.metadata.name).resolve()
         if args.cluster:
+            check_colocate_fits(job, cluster=True)
             configs = prepare(job, args.steps, cluster=True)
             locks += lock_run_folders(output, Path(configs.trainer.checkpoint.dir))
             check_startable(job, output)
@@ -71,6 +73,7 @@ def _run_local(args: argparse.Namespace, locks: list[FolderLock]) -> int:
         else:
             local_ray_environment()
             check_quickly(job, args.steps, args.rollout_python)
+            require_gpu_to_colocate(job)  # imports torch, so only for a colocated job
             checkpoints = Path(job.spec.checkpoint.dir).resolve()
             locks += lock_run_folders(output, checkpoints)
             resume_from(checkpoints, args.resume)  # refuses to start over checkpoints before Ray starts

@@ -122,12 +122,15 @@ class LocalRun:
         c, model = self.configs, f"spec.model.path: {self.job.spec.model.path}"
         rollouts, rewards = c.controller.rollout_replicas, max(c.controller.reward_replicas.min, 1)
         resume = str(resume_dir) if resume_dir else None
+        group = await self.rollout.share_gpus_with_trainer(c, self.cpus["trainer"])  # None unless spec.colocate
         # Every pool starts at once: a replica's start is mostly its process importing and loading.
         replicas = asyncio.gather(
             *(pool_started("rollout", model, self.rollout.add()) for _ in range(rollouts)),
             *(pool_started("reward", "spec.reward.functions", self.reward.add()) for _ in range(rewards)),
         )
-        trainer_started = RayTrainer.start(c, self.cpus["trainer"], resume, self.actor_env)
+        if group is not None:  # colocated: vLLM sizes its share by the memory free at its start, so it goes first
+            await replicas
+        trainer_started = RayTrainer.start(c, self.cpus["trainer"], resume, self.actor_env, group)
         started, trainer = await asyncio.gather(replicas, pool_started("trainer", model, trainer_started))
         for name, address in started[:rollouts]:
             self.clients.add(name, address)
@@ -288,7 +291,7 @@ class LocalRun:
         c = self.configs
         backend = c.controller.weight_sync.backend
         if backend == "auto":
-            backend = "nccl" if c.rollout.gpus > 0 and c.trainer.gpus_per_node > 0 else "gloo"
+            backend = "nccl" if c.rollout.gpus > 0 and c.trainer.gpus_per_node > 0 and not c.colocate else "gloo"
         sync = self.weight_sync = WeightSync(trainer, self.clients, backend, c.controller.weight_sync.timeout_seconds)
         await sync.publish_initial(version)
         if version > 0:
