@@ -150,6 +150,22 @@ kill_containers() { # every container of our containerd, without the kubelet (st
   log "node: ${n} container task(s) killed"
 }
 
+kill_cgroup_leftovers() { # processes still in the node's cgroups once their containers are gone (a container
+  # whose task `ctr` no longer listed: CI13 left a restarted operator pod's python running after the node stopped)
+  local d pids try
+  for try in 1 2 3 4 5; do
+    pids="$(for d in $(cgroup_dirs); do
+      [[ -d "${d}" ]] && find "${d}" -name cgroup.procs -exec cat {} + 2>/dev/null
+    done | sort -u | tr '\n' ' ')"
+    [[ -n "${pids// /}" ]] || return 0
+    ((try > 1)) || log "node: killing process(es) left in its cgroups: ${pids}"
+    # shellcheck disable=SC2086  # one pid a word
+    kill -KILL ${pids} 2>/dev/null || true
+    sleep 0.2
+  done
+  log "node: process(es) ${pids} would not die"
+}
+
 kill_shims() { # containerd shims of our containerd (they outlive it by design)
   local p
   for p in /proc/[0-9]*; do

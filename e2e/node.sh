@@ -335,6 +335,7 @@ cmd_stop() {
   kill_containers
   stop_all containerd
   kill_shims
+  kill_cgroup_leftovers
   unmount_under "${NODE_DIR}"
   stop_all coredns api-forward registry
   if ((ours)); then

@@ -12,6 +12,7 @@ loop, a process reaping its children), so the end waits up to GRACE_SECONDS for 
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import threading
@@ -36,6 +37,9 @@ PROCESS_WIDE = (
     "multiprocessing.resource_tracker",  # the resource tracker, from the first spawned child (torch DDP)
 )
 NETNS = Path("/run/netns")
+# e2e/node-host.sh's CGROUP_ROOT: a process there is a container of the real node, which carries no mark; one
+# still there at the end outlived the node's stop.
+NODE_CGROUP = "/rljob-e2e/"
 
 
 def _boot_clock() -> float:
@@ -71,6 +75,18 @@ def _mounts() -> set[str]:
     return {f"mount {line.split()[4]}" for line in lines}
 
 
+def _in_node_cgroup(pid: int) -> bool:
+    try:
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    except OSError:
+        return False
+    return any(line.split(":", 2)[-1].startswith(NODE_CGROUP) for line in lines)
+
+
+def _node_processes() -> set[int]:
+    return {p.pid for p in psutil.process_iter() if _in_node_cgroup(p.pid)}
+
+
 def _describe(process: psutil.Process) -> str:
     try:
         command = " ".join(process.cmdline())[:160] or process.name()
@@ -85,6 +101,7 @@ class Leftovers:
 
     mark: str
     baseline: set[str] = field(default_factory=set)
+    node_baseline: set[int] = field(default_factory=set)  # the real node's processes before the session
     first_seen: dict[str, str] = field(default_factory=dict)  # leftover -> the test after which it was seen
     # (start, end, test id) of each test, setup to teardown, on the clock of process start times
     windows: list[tuple[float, float, str]] = field(default_factory=list)
@@ -95,6 +112,7 @@ class Leftovers:
         os.environ[MARK] = mark
         leftovers = cls(mark)
         leftovers.baseline = leftovers.resources()
+        leftovers.node_baseline = _node_processes()
         return leftovers
 
     def resources(self) -> set[str]:
@@ -107,7 +125,8 @@ class Leftovers:
         return found
 
     def processes(self) -> dict[str, psutil.Process]:
-        """This session's live processes: its descendants, and every process that carries its mark."""
+        """This session's live processes: its descendants, every process that carries its mark, and (run alone)
+        every process in the real node's cgroups."""
         me = psutil.Process()
         found = {p.pid: p for p in me.children(recursive=True)}
         for process in psutil.process_iter():
@@ -118,6 +137,10 @@ class Leftovers:
                     found[process.pid] = process
             except psutil.Error:  # gone, a zombie, or not ours to read
                 continue
+        if "PYTEST_XDIST_WORKER" not in os.environ:  # the real node's tests run alone (`make test`'s node phase)
+            for pid in _node_processes() - self.node_baseline - set(found):
+                with contextlib.suppress(psutil.Error):  # gone meanwhile
+                    found[pid] = psutil.Process(pid)
         alive = {}
         for process in found.values():
             try:

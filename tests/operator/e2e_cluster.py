@@ -178,12 +178,18 @@ class Cluster:
         return path
 
     def audit(self) -> list[dict[str, Any]]:
-        """The API server's audit events so far (e2e/cluster.sh logs the rljob-system accounts' requests)."""
-        path = self.state / "audit.log"
-        if not path.exists():
-            return []
-        *complete, _ = path.read_text().split("\n")  # the API server may be writing the last line
-        return [json.loads(line) for line in complete if line.strip()]
+        """The API server's audit events so far (e2e/cluster.sh logs the rljob-system accounts' requests),
+        the rotated file's first (--audit-log-maxbackup keeps one: audit-<time>.log)."""
+        events = []
+        for path in [*sorted(self.state.glob("audit-*.log")), self.state / "audit.log"]:
+            if path.exists():
+                *complete, _ = path.read_text().split("\n")  # the API server may be writing the last line
+                events += [json.loads(line) for line in complete if line.strip()]
+        return events
+
+    def audit_files(self) -> str:
+        """The audit log's files and sizes, for a failure's message."""
+        return ", ".join(f"{p.name} {p.stat().st_size} B" for p in sorted(self.state.glob("audit*.log")))
 
     def kubelet(self, namespace: str, selector: str, phase: str) -> int:
         """Report the selected pods as a kubelet would: Running and Ready, or Succeeded/Failed."""

@@ -372,4 +372,10 @@ def test_operator_requests_exactly_its_rights(cluster: Cluster, operator: Operat
     assert used - may_request == set(), "requested but not in rights.py (nor, so, in the chart)"
     # Fallback reads (before the watch cache syncs) may or may not come, as the operator's start races its
     # first reconcile: only the requested verbs must all show.
-    assert listed - used == set(), "in rights.py as requested, but never requested"
+    missing = listed - used
+    assert not missing, (
+        f"in rights.py as requested, but never requested: {sorted(missing)}; {len(events)} events of the operator "
+        f"in {cluster.audit_files()}, the first at {events[0].get('requestReceivedTimestamp')}, the last at "
+        f"{events[-1].get('requestReceivedTimestamp')}; its claim reads: "
+        f"{[e['requestURI'] for e in cluster.audit() if 'persistentvolumeclaims' in e.get('requestURI', '')]}"
+    )
