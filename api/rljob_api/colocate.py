@@ -30,6 +30,8 @@ HEADROOM = 0.10
 # What Ray books of a GPU for each of the pair; only the sum (1) matters: Ray packs one pair per GPU bundle.
 ROLLOUT_GPU_SHARE, TRAINER_GPU_SHARE = 0.5, 0.5
 GIB = 1 << 30
+# Engines that take a set share of the GPU at their start (gpuMemoryUtilization); hf grows with its batch.
+SHARE_ENGINES = ("vllm", "sglang")
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "auto": 2}
 # bytes per unit, as people write them (GB, GiB) and as Kubernetes does (G, Gi)
 _UNITS = {"": 1, "b": 1}
@@ -95,6 +97,7 @@ class PairMemory:
     trainer_terms: str
     rollout: int
     rollout_terms: str
+    engine_share: int  # of `rollout`, what a SHARE_ENGINES engine takes at its start (0 for hf)
 
 
 def pair_memory(spec: RLJobSpec, parameters: int, gpu_bytes: int) -> PairMemory:
@@ -112,14 +115,14 @@ def pair_memory(spec: RLJobSpec, parameters: int, gpu_bytes: int) -> PairMemory:
     terms.append(("published weights (newest + spare)", 2 * width * p))
     trainer = sum(n for _, n in terms)
     staged = width * p  # a new version received whole beside the engine's own weights
-    if spec.rollout.engine in ("vllm", "sglang"):
+    share = 0
+    if spec.rollout.engine in SHARE_ENGINES:
         util = spec.rollout.gpu_memory_utilization
-        rollout = int(util * gpu_bytes) + staged
-        rollout_terms = f"gpuMemoryUtilization {util:g} of the GPU + a staged version"
+        share = int(util * gpu_bytes)
+        rollout, rollout_terms = share + staged, f"gpuMemoryUtilization {util:g} of the GPU + a staged version"
     else:
-        rollout = 2 * width * p
-        rollout_terms = "weights + a staged version, before its KV cache"
-    return PairMemory(trainer, " + ".join(name for name, _ in terms), rollout, rollout_terms)
+        rollout, rollout_terms = 2 * width * p, "weights + a staged version, before its KV cache"
+    return PairMemory(trainer, " + ".join(name for name, _ in terms), rollout, rollout_terms, share)
 
 
 def _size(n: int) -> str:
@@ -137,9 +140,8 @@ def colocate_refusal(spec: RLJobSpec, parameters: int, gpu_bytes: int) -> str | 
         f"{_size(need.trainer)} ({need.trainer_terms}) and the rollout replica's {_size(need.rollout)} "
         f"({need.rollout_terms}) for {parameters:,} parameters"
     )
-    if spec.rollout.engine in ("vllm", "sglang"):
-        staged = need.rollout - int(spec.rollout.gpu_memory_utilization * gpu_bytes)
-        room = (usable - need.trainer - staged) / gpu_bytes
+    if spec.rollout.engine in SHARE_ENGINES:  # the share that leaves the trainer and the staged version room
+        room = (usable - need.trainer - (need.rollout - need.engine_share)) / gpu_bytes
         if room >= 0.05:
             return f"{what}: set rollout.gpuMemoryUtilization to {room:.2f} or less, or give each pool its own GPU"
     return f"{what}: give each pool its own GPU, or train a smaller model"
