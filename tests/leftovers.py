@@ -72,7 +72,9 @@ def _mounts() -> set[str]:
         lines = Path("/proc/self/mountinfo").read_text().splitlines()
     except OSError:
         return set()
-    return {f"mount {line.split()[4]}" for line in lines}
+    # /run/netns itself is iproute2's: the first `ip netns add` on a machine makes it a shared mount point, kept for
+    # every later namespace (`ip netns delete` leaves it); it holds nothing. The namespaces under it do count.
+    return {f"mount {point}" for point in (line.split()[4] for line in lines) if point != str(NETNS)}
 
 
 def _in_node_cgroup(pid: int) -> bool:
