@@ -1,11 +1,13 @@
 """The fault suite on the shipped example's model: a rollout replica, a reward replica and a
 trainer rank killed (SIGKILL of their processes) at random steps of one `rljob run`, which must
-finish with no prompt lost or trained twice and no sample scored twice (benchmarks/faults/run.py, run
-short); the ledger's check itself is tested on a doctored metrics.jsonl."""
+finish with no prompt lost or trained twice and no sample scored twice, each fault found in the driver's log
+and a replica replaced within a minute (benchmarks/faults/run.py, run short); the ledger's check itself is
+tested on a doctored metrics.jsonl."""
 
 from __future__ import annotations
 
 import json
+import math
 import random
 from pathlib import Path
 from types import ModuleType
@@ -50,6 +52,17 @@ def test_three_kills_at_random_steps_are_survived(
     assert "replacements in the run's final status: 3" in out  # the driver's RestartHistory, as shown
     rows = [line for line in out.splitlines() if line.startswith("| ") and " killed |" in line]
     assert len(rows) == 3 and all(row.endswith("| 0 | 0 | 0 | finished |") for row in rows), rows
+    # each fault seen in the driver's log (nan: never), and a lost replica replaced within a minute
+    for row in rows:
+        detect, recover = _seconds(row)
+        assert not math.isnan(detect) and not math.isnan(recover), f"not found dead, or never back, in the log: {row}"
+        assert row.startswith("| trainer") or recover < 60, row
+
+
+def _seconds(row: str) -> tuple[float, float]:
+    """(time to detect, time to recover) of a row of the bench's table."""
+    cells = [cell.strip() for cell in row.strip("|").split("|")]
+    return float(cells[2].removesuffix(" s")), float(cells[3].removesuffix(" s"))
 
 
 def test_the_ledger_finds_a_sample_scored_twice_and_a_prompt_lost_or_trained_twice(tmp_path: Path) -> None:
