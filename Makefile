@@ -60,7 +60,7 @@ typecheck: setup
 # Every pytest run goes to the end; the slowest tests and modules of all are printed after them.
 test: lint typecheck
 	@rm -rf $(RESULTS); status=0; \
-	$(PHASE) "tests, parallel ($(WORKERS) workers)" $(BIN)/pytest -n $(WORKERS) --dist loadgroup -m "not serial" \
+	$(PHASE) "tests, parallel ($(WORKERS) workers)" $(BIN)/pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder -m "not serial" \
 		--junitxml=$(RESULTS)/parallel.xml || status=1; \
 	$(PHASE) "tests, serial" $(BIN)/pytest -m "serial and not node" --junitxml=$(RESULTS)/serial.xml || status=1; \
 	$(PHASE) "tests, real node" $(BIN)/pytest -m "serial and node and not vllm_node" --junitxml=$(RESULTS)/node.xml || status=1; \
