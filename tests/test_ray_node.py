@@ -16,7 +16,7 @@ import psutil
 import pytest
 import ray
 
-from rljob_api.workercfg import WorkerConfigs
+from rljob_api.workercfg import WorkerConfigs, ray_system_config_env
 from rljob_workers.driver import ray_node
 
 pytestmark = [pytest.mark.ray, pytest.mark.serial]
@@ -313,3 +313,15 @@ def test_a_raylet_slower_than_the_quick_waits_is_still_found_by_rays_own_loop(mo
     finally:
         node_log.removeHandler(kept)
     assert any("did not register in 0 s" in message for message in retried), retried
+
+
+def test_a_local_start_leaves_the_system_config_that_pods_are_rendered_with_as_it_was():
+    """Ray's start adds its object-spilling settings, this session's folder among them, to the _system_config
+    it is given. Given the module's own, every later render in the process (an operator's, a test's) put them
+    in each Ray pod's environment: the golden renders differed after a local run in the same pytest worker."""
+    before = ray_system_config_env()
+    ray_node.start_local_ray(2, {"reward": 2})
+    try:
+        assert ray_system_config_env() == before
+    finally:
+        ray_node.shutdown_ray()

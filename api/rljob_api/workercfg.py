@@ -7,6 +7,8 @@ run of the same file configure their workers identically.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Literal
 
 from pydantic import Field
@@ -29,7 +31,10 @@ TOKEN_FILE_ENV = "RLJOB_TOKEN_FILE"
 # object store right after starting it, from another thread; when the store is not listening yet, Ray's
 # socket connect sleeps raylet_client_connect_timeout_milliseconds (1 s) before its next try: a whole
 # second of a quarter to a third of local starts on a 2-core machine. The same 10 s in all, in 20 ms steps.
-RAY_SYSTEM_CONFIG = {"raylet_client_connect_timeout_milliseconds": 20, "raylet_client_num_connect_attempts": 500}
+# Read-only: ray.init adds its own settings to the dict it is given (pass a copy).
+RAY_SYSTEM_CONFIG: Mapping[str, int] = MappingProxyType(
+    {"raylet_client_connect_timeout_milliseconds": 20, "raylet_client_num_connect_attempts": 500}
+)
 
 
 # The environment of a local Ray node's processes and of the driver that starts it. Ray's metric exporters

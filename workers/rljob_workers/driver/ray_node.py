@@ -148,7 +148,7 @@ def _start_ray(cpus: int, resources: dict[Pool, int]) -> None:
             num_cpus=cpus,
             resources={pool_resource(pool): count for pool, count in resources.items()},
             include_dashboard=False,
-            _system_config=RAY_SYSTEM_CONFIG,
+            _system_config=dict(RAY_SYSTEM_CONFIG),  # Ray adds to the one it is given
             logging_level=logging.WARNING,
             configure_logging=True,
             log_to_driver=True,
