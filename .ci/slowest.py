@@ -41,7 +41,7 @@ def main() -> None:
     for seconds, test in cases:
         modules[test.split("::")[0]] += seconds
     if args.write_durations is not None:
-        ordered = {test: round(seconds, 1) for test, seconds in sorted(modules.items(), key=lambda item: -item[1])}
+        ordered = {module: round(seconds, 1) for module, seconds in sorted(modules.items(), key=lambda item: -item[1])}
         args.write_durations.write_text(json.dumps(ordered, indent=1) + "\n")
     total = sum(seconds for seconds, _ in cases) / 60
     print(f"slowest {min(args.top, len(cases))} of {len(cases)} tests ({total:.1f} min in all):")
