@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
+import psutil
 import pytest
 import yaml
 
@@ -188,8 +189,21 @@ class Cluster:
         return events
 
     def audit_files(self) -> str:
-        """The audit log's files and sizes, for a failure's message."""
-        return ", ".join(f"{p.name} {p.stat().st_size} B" for p in sorted(self.state.glob("audit*.log")))
+        """The audit log's files, sizes and first events, the API server's start and what its log says of the
+        audit: for a failure's message (CI once found the operator's first two minutes missing from it)."""
+        files = []
+        for p in sorted(self.state.glob("audit*.log")):
+            first = p.read_text().split("\n", 1)[0]
+            when = json.loads(first).get("requestReceivedTimestamp") if first.strip() else None
+            files.append(f"{p.name} {p.stat().st_size} B from {when}")
+        pid_file = self.state / "pids" / "kube-apiserver.pid"
+        try:
+            started = time.ctime(psutil.Process(int(pid_file.read_text())).create_time())
+        except (OSError, ValueError, psutil.Error) as exc:
+            started = f"? ({exc})"
+        log = self.state / "logs" / "kube-apiserver.log"
+        said = [line[:300] for line in log.read_text().splitlines() if "audit" in line.lower()] if log.exists() else []
+        return f"{', '.join(files)}; the API server up since {started}; its log on the audit: {said[-5:]}"
 
     def kubelet(self, namespace: str, selector: str, phase: str) -> int:
         """Report the selected pods as a kubelet would: Running and Ready, or Succeeded/Failed."""
