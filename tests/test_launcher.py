@@ -71,6 +71,34 @@ class TrainerRank:
         return ""
 
 
+class DyingRank:
+    """A trainer rank just killed, as Ray tells of it: "unavailable" for the first calls, then "died"."""
+
+    def __init__(self, unavailable: int) -> None:
+        self.unavailable, self.calls = unavailable, 0
+        self.pod_name = self  # actor.pod_name.remote()
+
+    async def _answer(self) -> str:
+        self.calls += 1
+        if self.calls <= self.unavailable:
+            raise ray.exceptions.ActorUnavailableError("the connection to the actor was lost", None)
+        raise ray.exceptions.ActorDiedError()
+
+    def remote(self) -> Any:
+        return self._answer()
+
+
+def test_a_failed_run_waits_for_rays_word_on_a_rank_it_was_just_told_is_unavailable():
+    """CI (this stop) saw the run below end 1, not EXIT_TRAINER_LOST: right after the kill Ray's call says
+    "unavailable", and only later "died". The failed run asks again, and restarts the trainer."""
+    failed = RunFailed("weight delivery to rollout-0 failed: the trainer's stream ended")
+    rank = DyingRank(unavailable=3)
+    assert asyncio.run(failed_run_exit_code(failed, TrainerWatch([rank]))) == EXIT_TRAINER_LOST
+    assert rank.calls == 4
+    # the supervision loop's own check asks once a round: "unavailable" is not death there
+    assert asyncio.run(TrainerWatch([DyingRank(unavailable=1)]).check()) == ""
+
+
 def test_a_run_failed_by_a_call_that_saw_the_trainer_die_first_restarts_the_trainer(local_ray):
     """A weight delivery's error (RunFailed) reaches the run before the trainer watch's next ping: the run
     still ends with EXIT_TRAINER_LOST (restart from the checkpoint) where a rank is dead, and 1 where not."""

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 EXIT_TRAINER_LOST = 75
 INTERVAL = 1.0  # seconds between two checks
 PING_TIMEOUT = 10.0  # longest wait for one answer; no answer is not death (see `ping`)
+# A failed run asks a silent trainer rank again this long: Ray says "unavailable" before it says "died".
+SETTLE_SECONDS = 30.0
 BACKOFF_BASE, BACKOFF_CAP = 0.5, 30.0  # seconds before the n-th restart: base * 2**(n-1), capped
 
 
@@ -108,6 +110,22 @@ async def ping(actor: Any) -> str | None:
     return None
 
 
+async def settled_ping(actor: Any, deadline: float) -> str | None:
+    """`ping` asked again while the actor neither answers nor is known dead, until `deadline` (monotonic).
+    For a run that has already failed: right after a kill, Ray's call fails with ActorUnavailableError and
+    only later, once the death is published, with ActorDiedError."""
+    while True:
+        try:
+            await asyncio.wait_for(actor.pod_name.remote(), max(0.1, min(PING_TIMEOUT, deadline - time.monotonic())))
+            return None
+        except (asyncio.TimeoutError, ray.exceptions.ActorUnavailableError):
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(0.2)
+        except ray.exceptions.RayActorError:
+            return "its process died"
+
+
 @dataclass
 class PoolSupervisor:
     """Keeps one gRPC pool (rollout or reward) at strength."""
@@ -175,9 +193,14 @@ class TrainerWatch:
     actors: list[Any]
     dead: str = ""
 
-    async def check(self) -> str:
+    async def check(self, settle: float = 0.0) -> str:
+        """The first dead rank, once found. `settle`: seconds to wait for Ray's word on a rank that does not
+        answer (0: one ping each, as the supervision loop asks every INTERVAL)."""
         if not self.dead:
-            causes = await asyncio.gather(*(ping(actor) for actor in self.actors))
+            deadline = time.monotonic() + settle
+            causes = await asyncio.gather(
+                *(settled_ping(actor, deadline) if settle else ping(actor) for actor in self.actors)
+            )
             for rank, cause in enumerate(causes):
                 if cause is not None:
                     self.dead = f"trainer rank {rank} died ({cause})"
@@ -188,8 +211,8 @@ class TrainerWatch:
 async def failed_run_exit_code(exc: BaseException, trainer: TrainerWatch) -> int:
     """The exit code of a run that failed with `exc`: EXIT_TRAINER_LOST where a trainer rank died, whichever
     call saw the death first (a weight delivery's error may reach the controller before the watch's next
-    ping), else 1."""
-    if isinstance(exc, ray.exceptions.RayActorError) or await trainer.check():
+    ping, and before Ray has published the death: a silent rank is asked again for SETTLE_SECONDS), else 1."""
+    if isinstance(exc, ray.exceptions.RayActorError) or await trainer.check(settle=SETTLE_SECONDS):
         return EXIT_TRAINER_LOST
     return 1
 
