@@ -93,7 +93,22 @@ wait_for() { # what component command... (component: the process that must stay 
   log "${what}: ok after $(e2e_since "${t0}")"
 }
 
-alive() { pid_of "$1" >/dev/null || die "$1 exited; see ${LOGS}/$1.log: $(tail -n 5 "${LOGS}/$1.log")"; }
+alive() {
+  pid_of "$1" >/dev/null && return 0
+  die "$1 exited ($(how_it_ended "$1")); see ${LOGS}/$1.log: $(tail -n 5 "${LOGS}/$1.log")"
+}
+
+how_it_ended() { # component -> its exit status where this shell launched it, else what holds its pid
+  local pid code
+  pid="$(cat "${PIDS}/$1.pid" 2>/dev/null)" || { echo "no pid file"; return; }
+  if [[ -r "/proc/${pid}/stat" && "$(cut -d' ' -f3 "/proc/${pid}/stat")" != Z ]]; then
+    echo "pid ${pid} runs: $(tr '\0' ' ' <"/proc/${pid}/cmdline" | cut -c1-200)" # not ours, or not exec'd yet
+    return
+  fi
+  # CI once saw kube-controller-manager gone at once with an empty log: its status tells a signal (128+N)
+  wait "${pid}" 2>/dev/null && code=0 || code=$?
+  if ((code == 127)); then echo "pid ${pid} gone, not this shell's child"; else echo "exit status ${code}"; fi
+}
 
 stop_all() { # components... : TERM them together, wait up to 10s, then KILL what is left
   local name pid i pids=() names=()
