@@ -51,4 +51,18 @@ alive demo
 """
     out = _bash(state, script)
     assert out.returncode == 1
-    assert "demo exited; see" in out.stderr and "no config" in out.stderr
+    assert "demo exited (exit status 1); see" in out.stderr and "no config" in out.stderr
+
+
+def test_a_component_killed_with_an_empty_log_is_reported_with_its_signal(tmp_path: Path) -> None:
+    """CI once found kube-controller-manager gone at once, its log empty: the error says how it ended."""
+    state = tmp_path / "state"
+    script = """
+launch_exe demo /bin/sleep 30
+kill -KILL "$(cat "${PIDS}/demo.pid")"
+sleep 0.5
+alive demo
+"""
+    out = _bash(state, script)
+    assert out.returncode == 1
+    assert "demo exited (exit status 137); see" in out.stderr, out.stderr
