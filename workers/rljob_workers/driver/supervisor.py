@@ -101,13 +101,7 @@ async def ping(actor: Any) -> str | None:
     machine) or a temporarily unreachable actor is looked at again next round, since replacing
     a live replica would cost its in-flight work for nothing.
     """
-    try:
-        await asyncio.wait_for(actor.pod_name.remote(), PING_TIMEOUT)
-    except (asyncio.TimeoutError, ray.exceptions.ActorUnavailableError):
-        return None
-    except ray.exceptions.RayActorError:
-        return "its process died"
-    return None
+    return (await _ask(actor, PING_TIMEOUT))[1]
 
 
 async def settled_ping(actor: Any, deadline: float) -> str | None:
@@ -115,15 +109,21 @@ async def settled_ping(actor: Any, deadline: float) -> str | None:
     For a run that has already failed: right after a kill, Ray's call fails with ActorUnavailableError and
     only later, once the death is published, with ActorDiedError."""
     while True:
-        try:
-            await asyncio.wait_for(actor.pod_name.remote(), max(0.1, min(PING_TIMEOUT, deadline - time.monotonic())))
-            return None
-        except (asyncio.TimeoutError, ray.exceptions.ActorUnavailableError):
-            if time.monotonic() >= deadline:
-                return None
-            await asyncio.sleep(0.2)
-        except ray.exceptions.RayActorError:
-            return "its process died"
+        answered, cause = await _ask(actor, max(0.1, min(PING_TIMEOUT, deadline - time.monotonic())))
+        if answered or cause is not None or time.monotonic() >= deadline:
+            return cause
+        await asyncio.sleep(0.2)
+
+
+async def _ask(actor: Any, timeout: float) -> tuple[bool, str | None]:
+    """One call to the actor: (it answered, why it is dead where Ray says it died)."""
+    try:
+        await asyncio.wait_for(actor.pod_name.remote(), timeout)
+    except (asyncio.TimeoutError, ray.exceptions.ActorUnavailableError):
+        return False, None
+    except ray.exceptions.RayActorError:
+        return False, "its process died"
+    return True, None
 
 
 @dataclass
