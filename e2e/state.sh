@@ -68,14 +68,20 @@ launch_exe() { # component executable args...
 
 wait_exec() { # pid exe : until the forked child runs exe (or has exited)
   # Until its exec, the child runs this script's command line, and pid_of would call a component
-  # that a loaded machine is slow to start dead.
+  # that a loaded machine is slow to start dead. Within the exec its command line reads empty until the
+  # kernel has set up the new image's arguments: CI saw that for kube-controller-manager (the largest
+  # binary) under load, and called it dead. Only a zombie or a gone pid has exited.
   local pid="$1" exe="$2" cmdline deadline=$((SECONDS + TIMEOUT))
   while ((SECONDS <= deadline)); do
+    [[ "$(process_state "${pid}")" =~ ^(Z|X|)$ ]] && return 0 # exited: alive/pid_of will say so, with its log
     cmdline="$(tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null)" || return 0
-    # empty: it has exited already (a zombie); alive/pid_of will say so, with its log
-    [[ -z "${cmdline}" || "${cmdline}" == *"${exe} "* ]] && return 0
+    [[ "${cmdline}" == *"${exe} "* ]] && return 0
     sleep 0.05
   done
+}
+
+process_state() { # pid -> its state letter (R, S, Z, ...), empty when it is gone
+  sed -n 's/^.*) \([A-Za-z]\).*$/\1/p' "/proc/$1/stat" 2>/dev/null || true
 }
 
 wait_for() { # what component command... (component: the process that must stay alive, or -)
@@ -101,7 +107,7 @@ alive() {
 how_it_ended() { # component -> its exit status where this shell launched it, else what holds its pid
   local pid code
   pid="$(cat "${PIDS}/$1.pid" 2>/dev/null)" || { echo "no pid file"; return; }
-  if [[ -r "/proc/${pid}/stat" && "$(cut -d' ' -f3 "/proc/${pid}/stat")" != Z ]]; then
+  if [[ ! "$(process_state "${pid}")" =~ ^(Z|X|)$ ]]; then
     echo "pid ${pid} runs: $(tr '\0' ' ' <"/proc/${pid}/cmdline" | cut -c1-200)" # not ours, or not exec'd yet
     return
   fi
