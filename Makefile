@@ -13,8 +13,9 @@ DATA_FILE ?= .cache/data/arithmetic-train.jsonl
 EVAL_FILE ?= .cache/data/arithmetic-eval.jsonl
 # Each phase says how long it took (and, under .ci/run, adds a row to its table of phases).
 PHASE := bash .ci/phase
-# The tests that can share the machine run on WORKERS processes (pytest-xdist, a file or an xdist_group
-# per worker at a time: tests/conftest.py); those marked `serial` run after them, alone, the real node's
+# The tests that can share the machine run on WORKERS processes (pytest-xdist, one module per worker at a
+# time, --dist loadscope: its module fixtures start once; --dist loadgroup split every module over both
+# workers under pytest 9, tests/test_distribution.py); those marked `serial` run after them, alone, the real node's
 # last (its control plane, shared by its modules, stays up until that session ends: not beside the timed
 # tests). JUnit files, for .ci/slowest.py.
 WORKERS ?= 2
@@ -63,7 +64,7 @@ typecheck: setup
 # Every pytest run goes to the end; the slowest tests and modules of all are printed after them.
 test: lint typecheck
 	@rm -rf $(RESULTS); status=0; \
-	$(PHASE) "tests, parallel ($(WORKERS) workers)" $(BIN)/pytest -n $(WORKERS) --dist loadgroup --no-loadscope-reorder -m "not serial" \
+	$(PHASE) "tests, parallel ($(WORKERS) workers)" $(BIN)/pytest -n $(WORKERS) --dist loadscope --no-loadscope-reorder -m "not serial" \
 		--junitxml=$(RESULTS)/parallel.xml || status=1; \
 	$(PHASE) "tests, serial" $(BIN)/pytest -m "serial and not node" --junitxml=$(RESULTS)/serial.xml || status=1; \
 	$(PHASE) "tests, real node" $(BIN)/pytest -m "serial and node and not vllm_node" --junitxml=$(RESULTS)/node.xml || status=1; \

@@ -40,13 +40,10 @@ UNKNOWN_MODULE_SECONDS = 30.0
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """`make test` runs pytest-xdist with --dist loadgroup: a module's tests stay on one worker (its module
-    fixtures run once), and modules marked with one xdist_group (a session fixture's readers) share one.
-    Its workers take the modules longest first (--no-loadscope-reorder keeps this order; xdist's own puts the
-    modules with the most tests first, and so a module of two or three long runs last, one worker idle)."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    """`make test` runs pytest-xdist with --dist loadscope: a module's tests stay on one worker (its module
+    fixtures run once). Each worker takes the modules longest first (--no-loadscope-reorder keeps this order;
+    xdist's own puts the modules with the most tests first, and so a module of two or three long runs last,
+    one worker idle)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         seconds = json.loads(DURATIONS.read_text()) if DURATIONS.is_file() else {}
         items.sort(key=lambda item: -seconds.get(item.nodeid.split("::", 1)[0], UNKNOWN_MODULE_SECONDS))

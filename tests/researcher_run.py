@@ -2,7 +2,7 @@
 each part (test_signals, test_sample_logs, test_trackers, test_eval, test_export): held-out eval rounds, a KL
 term, sample logs, TensorBoard + W&B (offline) + MLflow (a file store), a checkpoint at every step, a model
 with a chat template, and /metrics scraped while it runs. One run where there were five (40-90 s each on 2
-cores); the modules reading it are one pytest-xdist group (RUN_GROUP), so a session runs it once."""
+cores); a pytest process (an xdist worker) that runs any of those modules runs it once (session fixture)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ from rljob_workers.tasks.arithmetic import held_out_problems, make_problems, rea
 
 from conftest import REPO, kill_process_tree
 
-RUN_GROUP = "researcher-run"  # pytest.mark.xdist_group of the modules that read the run
 STEPS, PROMPTS, GROUP, LOGGED = 5, 4, 8, 6
 MAX_NEW_TOKENS = 5  # the example's
 EVAL_EVERY, EVAL_PROMPTS, EVAL_K = 2, 12, 4  # rounds at steps 0, 2, 4 and 5 (the end)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from google.protobuf import json_format
 from prometheus_client import generate_latest
-from researcher_run import EVAL_EVERY, EVAL_K, EVAL_PROMPTS, GROUP, PROMPTS, RUN_GROUP, STEPS, ResearcherRun
+from researcher_run import EVAL_EVERY, EVAL_K, EVAL_PROMPTS, GROUP, PROMPTS, STEPS, ResearcherRun
 
 from rljob_api import RLJobInvalid, parse_rljob
 from rljob_workers.driver.controller.eval_report import EvalSample, pass_at_k, reported_ks, summarize
@@ -27,8 +27,6 @@ from rljob_workers.driver.metrics import RunMetrics
 from rljob_workers.tasks.arithmetic import held_out_problems, make_problems, read_jsonl, write_jsonl
 
 from conftest import REPO
-
-pytestmark = pytest.mark.xdist_group(RUN_GROUP)
 
 RLJOB = str(Path(sys.executable).parent / "rljob")
 # Set-up refusals: well under a second of checks after the CLI's imports; the bound leaves room for a busy

@@ -18,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from researcher_run import RUN_GROUP, STEPS, ResearcherRun
+from researcher_run import STEPS, ResearcherRun
 
 from rljob_workers.tasks.arithmetic import make_problems
 
 from test_vllm import VLLM_PYTHON
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group(RUN_GROUP)]
+pytestmark = pytest.mark.ray
 
 RLJOB = str(Path(sys.executable).parent / "rljob")
 # A greedy completion's most tokens: the example's maxNewTokens and then some.

@@ -8,9 +8,9 @@ import json
 import math
 
 import pytest
-from researcher_run import LOGGED, PROMPTS, RUN_GROUP, STEPS, ResearcherRun
+from researcher_run import LOGGED, PROMPTS, STEPS, ResearcherRun
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group(RUN_GROUP)]
+pytestmark = pytest.mark.ray
 
 FIELDS = {
     "step", "prompt_id", "prompt", "completion", "scores", "reward", "advantage", "policy_version",

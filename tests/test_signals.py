@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 
 import pytest
-from researcher_run import GROUP, MAX_NEW_TOKENS, PROMPTS, RUN_GROUP, STEPS, ResearcherRun
+from researcher_run import GROUP, MAX_NEW_TOKENS, PROMPTS, STEPS, ResearcherRun
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group(RUN_GROUP)]
+pytestmark = pytest.mark.ray
 
 
 def test_every_step_has_every_training_signal(researcher_run: ResearcherRun) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from researcher_run import GROUP, RUN_GROUP, STEPS, WANDB_PROJECT, ResearcherRun
+from researcher_run import GROUP, STEPS, WANDB_PROJECT, ResearcherRun
 
 from rljob_api import RLJobInvalid, parse_rljob
 from rljob_api.tracking import LoggingSpec
@@ -26,7 +26,7 @@ from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
 from conftest import REPO
 
-pytestmark = [pytest.mark.ray, pytest.mark.xdist_group(RUN_GROUP)]
+pytestmark = pytest.mark.ray
 
 RLJOB = str(Path(sys.executable).parent / "rljob")
 # A refusal reads the job and looks for each tracker's library and folder: well under 2 s alone, given more
