@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -62,18 +62,41 @@ class Run:
     outstanding: list[int]  # groups outstanding (in flight, ready or in training) at each dispatch
 
 
-def dynamic_run(flat: Callable[[int], bool], steps: int, per_step: int = 3, n: int = 4, **algorithm: Any) -> Run:
+@dataclass
+class SlowCheckpoints(FakeTrainer):
+    """Writes a checkpoint as long as the rollout takes to finish several groups."""
+
+    async def save_checkpoint(self, step: int, version: int, controller_state: dict[str, Any]) -> str:
+        await asyncio.sleep(0.1)
+        return f"ckpt-{step}"
+
+
+def dynamic_run(
+    flat: Callable[[int], bool], steps: int, per_step: int = 3, n: int = 4, slow: bool = False, **algorithm: Any
+) -> Run:
+    """A run on the fakes; `slow`: with a slow checkpoint after every step, and each version delivered in the
+    background, as the weight service does."""
     doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
     doc["spec"]["algorithm"].update(
         name="dapo", groupSize=n, promptsPerStep=per_step, totalSteps=steps, overlong={"penalty": 0.0}, **algorithm
     )
+    if slow:
+        doc["spec"]["checkpoint"]["everySteps"] = 1
     config = derive_worker_configs(parse_rljob(doc)).controller
     log, version = Log(), [0]
     reports: list[StepReport] = []
     outstanding: list[int] = []
 
-    async def sync_weights(new_version: int) -> None:
-        version[0] = new_version
+    async def sync_weights(new_version: int) -> Awaitable[None] | None:
+        if not slow:
+            version[0] = new_version
+            return None
+
+        async def deliver() -> None:
+            await asyncio.sleep(0.005)
+            version[0] = new_version
+
+        return asyncio.ensure_future(deliver())
 
     rollout = FakeRollout(log, version)
     controller = Controller(
@@ -81,7 +104,7 @@ def dynamic_run(flat: Callable[[int], bool], steps: int, per_step: int = 3, n: i
         prompts=PromptSource([Row(f"q{i}", {"answer": "1"}) for i in range(200)], seed=0, shuffle=False),
         rollout=rollout,  # type: ignore[arg-type]
         scorer=RowScorer(flat),
-        trainer=FakeTrainer(log),
+        trainer=SlowCheckpoints(log) if slow else FakeTrainer(log),
         sync_weights=sync_weights,
         on_step=reports.append,
     )
@@ -125,6 +148,24 @@ def test_all_equal_groups_are_dropped_counted_and_replaced_within_the_staleness_
     first = run.reports[0]
     rewards = [0.5] * 3 + [1.0] * len(first.filtered_prompt_ids)
     assert first.reward_mean == pytest.approx(sum(rewards) / len(rewards))
+
+
+def test_a_step_is_charged_only_the_groups_dropped_before_its_own() -> None:
+    # One prompt in four can be learned from: a step's own three groups come with about nine dropped ones. While
+    # a step's checkpoint is written, its version is out: the rollout finds two steps' groups (maxStaleness 1),
+    # dropping both steps' share. Charging a step every group dropped since the last step charged it both.
+    run = dynamic_run(lambda r: r % 4 != 0, steps=8, slow=True, maxStaleness=1, dynamicSampling={"maxExtraGroups": 14})
+    asyncio.run(asyncio.wait_for(run.controller.run(), 30))
+    drops = [len(r.filtered_prompt_ids) for r in run.reports]
+    # Here each step's own share is 9 or 10; charged the next step's too, a step was charged 16 or 17.
+    assert len(run.reports) == 8 and max(drops) <= 14, drops
+    assert sum(drops) == run.controller.counts.filtered_groups
+    prompts = run.controller.prompts
+    trained = [p for r in run.reports for p in r.prompt_ids]
+    filtered = [p for r in run.reports for p in r.filtered_prompt_ids]
+    assert len(set(trained + filtered)) == len(trained) + len(filtered), "no prompt used twice"
+    # Nothing lost: every prompt handed out was trained, filtered, or is still pending (in flight at the end).
+    assert sorted(row(p) for p in [*trained, *filtered, *prompts.pending]) == list(range(prompts.cursor))
 
 
 def test_on_policy_refills_wait_for_nothing_and_stay_on_policy() -> None:

@@ -39,6 +39,9 @@ class Group:
     excluded: set[int] = field(default_factory=set)
     dispatched_at: float = field(default_factory=time.monotonic)
     ready_at: float | None = None  # when its last sample was scored or excluded
+    # Dynamic sampling: the groups dropped since the group to learn from completed before this one. The step
+    # that trains it is charged them: with two steps' groups sought at once, a step is charged its own share.
+    dropped_before: list[Group] = field(default_factory=list)
     # Kept as samples come in, so that neither costs a pass over the group per sample.
     _done: int = field(default=0, init=False, repr=False)  # received samples scored or excluded
     _oldest: int | None = field(default=None, init=False, repr=False)  # oldest policy version received
@@ -103,7 +106,8 @@ class GroupTracker:
     """Every group in flight; complete groups wait, in completion order, for the trainer.
 
     With an `informative` test (dynamic sampling), a complete group that fails it goes to `filtered`
-    instead: it no longer counts as outstanding, so another group may start in its place at once.
+    instead: it no longer counts as outstanding, so another group may start in its place at once. The next
+    informative group to complete takes them along (`Group.dropped_before`).
     """
 
     groups: dict[str, Group] = field(default_factory=dict)
@@ -159,6 +163,7 @@ class GroupTracker:
             group.ready_at = time.monotonic()
             del self.groups[prompt_id]
             if self.informative is None or self.informative(group):
+                group.dropped_before, self.filtered = self.filtered, []
                 self.ready.append(group)
             else:
                 self.filtered.append(group)

@@ -198,7 +198,7 @@ class Controller(RewardScoring):
 
     async def _next_batch(self) -> tuple[list[Group], list[Group]]:
         """promptsPerStep complete groups, each within maxStaleness of the version to train; and the groups
-        dynamic sampling dropped since the last step (the tracker drops them as they complete)."""
+        dynamic sampling dropped before each of them completed (the tracker drops them as they complete)."""
         batch: list[Group] = []
         taken: list[Group] = []
 
@@ -207,15 +207,15 @@ class Controller(RewardScoring):
             group = self.tracker.take_for_batch(self.version, self.algo.max_staleness, room)
             if group is not None:
                 taken.append(group)
-            stopped = self._failure is not None or self.stop.is_set() or self._too_many_filtered()
+            stopped = self._failure is not None or self.stop.is_set() or self._too_many_filtered(batch)
             return group is not None or stopped
 
         async with self._changed:
             while len(batch) < self.algo.prompts_per_step:
                 await self._changed.wait_for(take)
                 self._raise_if_failed()
-                if self._too_many_filtered():
-                    raise NothingToLearn(self._nothing_to_learn())
+                if self._too_many_filtered(batch):
+                    raise NothingToLearn(self._nothing_to_learn(batch))
                 if not taken:  # stopped
                     return batch, []
                 group = taken.pop()
@@ -223,18 +223,23 @@ class Controller(RewardScoring):
                     # Too old to train on: regenerate the prompt with the current policy.
                     self.counts.discarded_stale += len(group.received)
                     self.prompts.retry(group.prompt)
+                    self.tracker.filtered[:0] = group.dropped_before  # the next group to learn from takes them
                     self._changed.notify_all()
                     continue
                 batch.append(group)
                 self._in_training += 1
-            filtered, self.tracker.filtered = self.tracker.filtered, []
-        return batch, filtered
+        return batch, [dropped for group in batch for dropped in group.dropped_before]
 
-    def _too_many_filtered(self) -> bool:
-        return len(self.tracker.filtered) > self.algo.dynamic_sampling.max_extra_groups
+    def _step_drops(self, batch: list[Group]) -> list[Group]:
+        """The groups dropped for the step gathering `batch`: its groups' own, and those dropped since the
+        last group to learn from completed (the next one, this step's if it still has room, takes them)."""
+        return [dropped for group in batch for dropped in group.dropped_before] + self.tracker.filtered
 
-    def _nothing_to_learn(self) -> str:
-        filtered = self.tracker.filtered
+    def _too_many_filtered(self, batch: list[Group]) -> bool:
+        return len(self._step_drops(batch)) > self.algo.dynamic_sampling.max_extra_groups
+
+    def _nothing_to_learn(self, batch: list[Group]) -> str:
+        filtered = self._step_drops(batch)
         rewards = sorted({float(s.reward or 0.0) for group in filtered for s in group.scored})
         return (
             f"spec.algorithm.dynamicSampling.maxExtraGroups: step {self.step + 1} dropped {len(filtered)} prompt "
