@@ -320,9 +320,10 @@ def _status(cluster: Cluster, name: str) -> dict[str, Any]:
     return dict((cluster.get("rlj", name, NS) or {}).get("status") or {})
 
 
-# Long enough for the intruder and all five faults, twice over: the fifth recovered by step ~360 (steps go on,
-# slower, while a pod is replaced: ~25 s and 50-90 steps a fault); with 1,500 the rest was waiting.
-FAULT_JOB, FAULT_STEPS = "faults", 800
+# Long enough for the intruder and all five faults, with 240 steps to spare: the fifth recovered by step ~360
+# (steps go on, slower, while a pod is replaced: ~25 s and 50-90 steps a fault). The steps after it only wait:
+# 800 spent a minute of CI's real-node phase on them.
+FAULT_JOB, FAULT_STEPS = "faults", 600
 # One at a time, each a few steps after the one before has recovered (steps run ~0.2 s apart).
 FAULTS = ["reward", "rollout", "trainer", "operator", "driver"]
 SPACING = 10
