@@ -51,9 +51,18 @@ short() { sha256sum | cut -c1-12; }
 # The base: its recipe only (a rebuild later may get newer Debian security updates).
 base_hash() { echo "${BASE_SUITE} ${BASE_PACKAGES} ${PYTHON_VERSION} v1" | short; }
 
+# pyproject.toml's dependency tables alone: a change to its tool settings (pytest, ruff) or scripts is the
+# rljob package's (src_hash), and rebuilt the 6 GB environment for nothing.
+pyproject_deps() {
+  (cd "${REPO}" && python3 -c 'import json, sys, tomllib
+doc = tomllib.load(open("pyproject.toml", "rb")); project = doc.get("project", {})
+keys = ("requires-python", "dependencies", "optional-dependencies")
+print(json.dumps([doc.get("build-system"), *(project.get(key) for key in keys)], sort_keys=True))')
+}
+
 # What the worker's Python packages depend on: the base, the pins, the worker recipe.
 deps_hash() {
-  { base_hash; sha_files pyproject.toml constraints.txt docker/worker.Dockerfile .dockerignore; echo "venv ${VENV} v1"; } | short
+  { base_hash; pyproject_deps; sha_files constraints.txt docker/worker.Dockerfile .dockerignore; echo "venv ${VENV} v2"; } | short
 }
 
 # Everything the operator image and the worker environment's rljob package are built from.
@@ -62,7 +71,7 @@ src_files() {
     ! -name '*.pyc' ! -path '*.egg-info/*' | LC_ALL=C sort)
 }
 src_hash() {
-  { deps_hash; sha_files README.md docker/operator.Dockerfile; src_files | (cd "${REPO}" && xargs sha256sum); } | short
+  { deps_hash; sha_files pyproject.toml README.md docker/operator.Dockerfile; src_files | (cd "${REPO}" && xargs sha256sum); } | short
 }
 
 # engine vllm's rollout pods: their own environment (vLLM's pins), the same base and Python.

@@ -100,6 +100,33 @@ def test_env_names_one_image_per_content_hash():
     assert Path(env["RLJOB_E2E_OPERATOR_ARCHIVE"]).parent.name == f"src-{tag}"
 
 
+def test_the_environment_is_rebuilt_for_a_dependency_not_for_a_tool_setting(tmp_path: Path) -> None:
+    """The worker environment (about 6 GB) is keyed by pyproject.toml's dependency tables: a pytest setting
+    changes the rljob package's hash (the operator image's tag) only; a dependency changes both."""
+    tree = tmp_path / "repo"
+    for name in ("e2e", "docker", "api", "operator", "workers", "proto/gen"):
+        shutil.copytree(REPO / name, tree / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for name in ("pyproject.toml", "constraints.txt", ".dockerignore", "README.md"):
+        shutil.copy(REPO / name, tree / name)
+
+    def tags() -> tuple[str, str]:
+        out = subprocess.run(
+            ["bash", str(tree / "e2e" / "images.sh"), "env"], capture_output=True, text=True, check=True, cwd=tree,
+            env={**os.environ, "RLJOB_E2E_CACHE": str(tmp_path / "cache")},
+        )  # fmt: skip
+        env = dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines())
+        return env["RLJOB_E2E_WORKER_TEST_IMAGE"], env["RLJOB_E2E_OPERATOR_IMAGE"]
+
+    pyproject = tree / "pyproject.toml"
+    before = tags()
+    pyproject.write_text(pyproject.read_text().replace('addopts = "-ra"', 'addopts = "-ra -q"'))
+    after_setting = tags()
+    assert after_setting[0] == before[0] and after_setting[1] != before[1], (before, after_setting)
+    pyproject.write_text(pyproject.read_text().replace('"pyyaml>=6"', '"pyyaml>=6.0.1"'))
+    after_dependency = tags()
+    assert after_dependency[0] != before[0] and after_dependency[1] != after_setting[1], (before, after_dependency)
+
+
 def test_worker_dockerfile_has_the_test_target():
     text = (REPO / "docker" / "worker.Dockerfile").read_text()
     assert "AS runtime" in text and "FROM runtime AS worker-test" in text
