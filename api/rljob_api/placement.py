@@ -119,7 +119,22 @@ class SecurityContext(Model):
 
     run_as_user: int = Field(1000, description="UID of the containers' processes (the worker image's user).", ge=0)
     run_as_group: int = Field(1000, description="GID of the containers' processes.", ge=0)
-    fs_group: int | None = Field(None, description="Group that owns the pod's volumes, when they support it.", ge=0)
+    # A fresh claim's filesystem is root's: without fsGroup the pods (uid 1000) cannot write checkpoints to it.
+    fs_group: int | None = Field(
+        1000,
+        description=(
+            "Group that owns the pod's volumes (the kubelet sets it on volumes that support it, as most claims "
+            "do), so that the pods can write a fresh claim's filesystem; null: none."
+        ),
+        ge=0,
+    )
+    fs_group_change_policy: Literal["OnRootMismatch", "Always"] = Field(
+        "OnRootMismatch",
+        description=(
+            "When the kubelet sets fsGroup on a volume's files: OnRootMismatch only where the volume's root "
+            "differs (a large checkpoint or model claim is not walked at every pod start)."
+        ),
+    )
     run_as_non_root: bool = Field(True, description="The kubelet refuses to start a container that would run as root.")
     read_only_root_filesystem: bool = Field(True, description="Mount the image's filesystem read-only.")
     allow_privilege_escalation: bool = Field(False, description="Let a process gain more privileges than its parent.")
@@ -154,6 +169,7 @@ class SecurityContext(Model):
         }
         if self.fs_group is not None:
             out["fsGroup"] = self.fs_group
+            out["fsGroupChangePolicy"] = self.fs_group_change_policy
         return out
 
     def container_fields(self) -> dict[str, Any]:

@@ -11,7 +11,6 @@ matches the worker-test image, and nothing in the product knows about it.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import shutil
@@ -30,7 +29,6 @@ from conftest import store_connect_seconds
 NODE_SELECTOR = {"rljob.io/e2e-node": "real"}
 TOLERATIONS = [{"key": "rljob.io/e2e-real-node", "operator": "Exists", "effect": "NoSchedule"}]
 ENV_MOUNT = "/opt/rljob/venv"
-WORKER_UID = 1000  # the worker image's user (docker/worker.Dockerfile)
 RAYLET_LOG = "/tmp/ray/session_latest/logs/raylet.out"  # Ray's default temp folder in the pod
 
 
@@ -155,14 +153,22 @@ def make_assets(folder: Path, built: Path) -> None:
 
 
 def make_runs_folder(folder: Path) -> None:
-    """Where the pods write checkpoints and metrics: owned by the worker image's user."""
+    """Where the pods write checkpoints and metrics: root's, mode 0755, as a fresh claim's filesystem is. The
+    pods (uid 1000) write it through their fsGroup (spec.securityContext), which the kubelet sets on a `local`
+    volume as on most claims' (not on hostPath's)."""
     folder.mkdir(parents=True)
-    os.chown(folder, WORKER_UID, WORKER_UID)
+    folder.chmod(0o755)
 
 
-def host_volume(name: str, namespace: str, claim: str, path: Path) -> list[dict[str, Any]]:
-    """A hostPath PersistentVolume on the real node, bound in advance to the claim `claim`, and the claim."""
+def host_volume(name: str, namespace: str, claim: str, path: Path, local: bool = False) -> list[dict[str, Any]]:
+    """A PersistentVolume on the real node, bound in advance to the claim `claim`, and the claim: hostPath, or
+    with `local` a `local` volume (pinned to the node), whose ownership the pods' fsGroup sets."""
     size = {"storage": "1Gi"}
+    source: dict[str, Any] = {"hostPath": {"path": str(path), "type": "Directory"}}
+    if local:
+        [(label, value)] = NODE_SELECTOR.items()
+        term = {"matchExpressions": [{"key": label, "operator": "In", "values": [value]}]}
+        source = {"local": {"path": str(path)}, "nodeAffinity": {"required": {"nodeSelectorTerms": [term]}}}
     volume = {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
@@ -172,7 +178,7 @@ def host_volume(name: str, namespace: str, claim: str, path: Path) -> list[dict[
             "accessModes": ["ReadWriteOnce"],
             "persistentVolumeReclaimPolicy": "Retain",
             "storageClassName": "",
-            "hostPath": {"path": str(path), "type": "Directory"},
+            **source,
             "claimRef": {"namespace": namespace, "name": claim},
         },
     }

@@ -116,7 +116,7 @@ def setup(
         cluster.kubectl("create", "namespace", NS)
         cluster.apply(real_operator.registry.pull_secret(NS))  # every job of this module pulls the registry's image
         for name, claim, path in (("assets", "rljob-assets", s.assets), ("runs", "rljob-runs", s.runs)):
-            for doc in host_volume(f"{NS}-{name}", NS, claim, path):
+            for doc in host_volume(f"{NS}-{name}", NS, claim, path, local=name == "runs"):
                 cluster.apply(doc)
         s.times["this module's set-up"] = time.monotonic() - t0
         yield s

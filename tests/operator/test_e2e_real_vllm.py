@@ -95,7 +95,7 @@ def vllm_setup(
         cluster.kubectl("create", "namespace", NS)
         cluster.apply(registry.pull_secret(NS))
         for name, claim in (("assets", "rljob-assets"), ("runs", "rljob-runs")):
-            for doc in host_volume(f"{NS}-{name}", NS, claim, root / name):
+            for doc in host_volume(f"{NS}-{name}", NS, claim, root / name, local=name == "runs"):
                 cluster.apply(doc)
         # an admission policy takes effect a moment after it is made: a pod made before would miss its mount
         wait_for("the rollout pods' environment mount", lambda: _mounts_the_env(cluster, rollout_image), timeout=60)

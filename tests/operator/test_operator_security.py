@@ -71,7 +71,15 @@ def test_pool_pods_and_driver_get_the_token_the_head_does_not() -> None:
         assert secret == {"secretName": "qwen-math-grpo-token", "items": [{"key": "token", "path": "token"}]}, role
 
 
-LOCKED_POD = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "seccompProfile": {"type": "RuntimeDefault"}}
+LOCKED_POD = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "seccompProfile": {"type": "RuntimeDefault"},
+    # the pods write a fresh claim (root's): its group is theirs, set once, not walked at each start
+    "fsGroup": 1000,
+    "fsGroupChangePolicy": "OnRootMismatch",
+}
 LOCKED_CONTAINER = {
     "allowPrivilegeEscalation": False,
     "readOnlyRootFilesystem": True,
@@ -98,5 +106,8 @@ def test_security_context_overridden_per_pool_and_for_the_job() -> None:
     job = gpu_job(securityContext={"runAsUser": 2000, "fsGroup": 3000})
     for role, spec in pod_specs(rendered(job)).items():
         assert spec["securityContext"] == {**LOCKED_POD, "runAsUser": 2000, "fsGroup": 3000}, role
+    job = gpu_job(securityContext={"fsGroup": None})  # none: for volumes whose owner the admin set
+    without = {key: value for key, value in LOCKED_POD.items() if not key.startswith("fsGroup")}
+    assert all(spec["securityContext"] == without for spec in pod_specs(rendered(job)).values())
     with pytest.raises(Exception, match=r"spec.securityContext.runAsUser: is 0 \(root\) but runAsNonRoot is true"):
         gpu_job(securityContext={"runAsUser": 0})
