@@ -120,11 +120,12 @@ class SecurityContext(Model):
     run_as_user: int = Field(1000, description="UID of the containers' processes (the worker image's user).", ge=0)
     run_as_group: int = Field(1000, description="GID of the containers' processes.", ge=0)
     # A fresh claim's filesystem is root's: without fsGroup the pods (uid 1000) cannot write checkpoints to it.
-    fs_group: int | None = Field(
+    # Always set: `kubectl apply` drops a null, so the default would come back (seen on the real node).
+    fs_group: int = Field(
         1000,
         description=(
             "Group that owns the pod's volumes (the kubelet sets it on volumes that support it, as most claims "
-            "do), so that the pods can write a fresh claim's filesystem; null: none."
+            "do), so that the pods can write a fresh claim's filesystem."
         ),
         ge=0,
     )
@@ -167,9 +168,7 @@ class SecurityContext(Model):
             "runAsGroup": self.run_as_group,
             "seccompProfile": {"type": self.seccomp_profile},
         }
-        if self.fs_group is not None:
-            out["fsGroup"] = self.fs_group
-            out["fsGroupChangePolicy"] = self.fs_group_change_policy
+        out.update(fsGroup=self.fs_group, fsGroupChangePolicy=self.fs_group_change_policy)
         return out
 
     def container_fields(self) -> dict[str, Any]:

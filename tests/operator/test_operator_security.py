@@ -106,8 +106,5 @@ def test_security_context_overridden_per_pool_and_for_the_job() -> None:
     job = gpu_job(securityContext={"runAsUser": 2000, "fsGroup": 3000})
     for role, spec in pod_specs(rendered(job)).items():
         assert spec["securityContext"] == {**LOCKED_POD, "runAsUser": 2000, "fsGroup": 3000}, role
-    job = gpu_job(securityContext={"fsGroup": None})  # none: for volumes whose owner the admin set
-    without = {key: value for key, value in LOCKED_POD.items() if not key.startswith("fsGroup")}
-    assert all(spec["securityContext"] == without for spec in pod_specs(rendered(job)).values())
     with pytest.raises(Exception, match=r"spec.securityContext.runAsUser: is 0 \(root\) but runAsNonRoot is true"):
         gpu_job(securityContext={"runAsUser": 0})
