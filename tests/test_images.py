@@ -51,8 +51,12 @@ def _images(*args: str, timeout: float = 1500) -> subprocess.CompletedProcess[st
     return subprocess.run([str(IMAGES), *args], capture_output=True, text=True, timeout=timeout, check=False, cwd=REPO)
 
 
-def _env() -> dict[str, str]:
-    out = _images("env", timeout=60)
+def _env(tree: Path = REPO, **env: str) -> dict[str, str]:
+    """`images.sh env` of the tree `tree` (the repository's by default), with `env` added to the environment."""
+    out = subprocess.run(
+        ["bash", str(tree / "e2e" / "images.sh"), "env"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=tree, env={**os.environ, **env},
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     return dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines())
 
@@ -110,11 +114,7 @@ def test_the_environment_is_rebuilt_for_a_dependency_not_for_a_tool_setting(tmp_
         shutil.copy(REPO / name, tree / name)
 
     def tags() -> tuple[str, str]:
-        out = subprocess.run(
-            ["bash", str(tree / "e2e" / "images.sh"), "env"], capture_output=True, text=True, check=True, cwd=tree,
-            env={**os.environ, "RLJOB_E2E_CACHE": str(tmp_path / "cache")},
-        )  # fmt: skip
-        env = dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines())
+        env = _env(tree, RLJOB_E2E_CACHE=str(tmp_path / "cache"))
         return env["RLJOB_E2E_WORKER_TEST_IMAGE"], env["RLJOB_E2E_OPERATOR_IMAGE"]
 
     pyproject = tree / "pyproject.toml"

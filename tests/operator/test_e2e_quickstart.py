@@ -44,6 +44,7 @@ pytestmark = [
 
 JOB, TAINT = "arithmetic", "rljob.io/e2e-real-node"
 STORAGE_CLASS = "rljob-e2e-local"
+NODE_LABELS = ",".join(f"{key}={value}" for key, value in NODE_SELECTOR.items())  # the real node's, for -l
 
 
 def bash_block(markdown: Path, heading: str) -> str:
@@ -85,9 +86,8 @@ def admin(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -
         [built.stdout.strip(), "--kubeconfig", cluster.env["KUBECONFIG"], "--root", str(root / "volumes")],
         stdout=log, stderr=subprocess.STDOUT,
     )  # fmt: skip
-    selector = ",".join(f"{k}={v}" for k, v in NODE_SELECTOR.items())
     try:
-        cluster.kubectl("taint", "nodes", "-l", selector, f"{TAINT}-")
+        cluster.kubectl("taint", "nodes", "-l", NODE_LABELS, f"{TAINT}-")
         cluster.apply({
             "apiVersion": "storage.k8s.io/v1",
             "kind": "StorageClass",
@@ -106,7 +106,7 @@ def admin(real_cluster: RealCluster, tmp_path_factory: pytest.TempPathFactory) -
         cluster.kubectl("delete", "storageclass", STORAGE_CLASS, "--ignore-not-found", check=False)
         helm = Path(cluster.env["RLJOB_E2E_BIN"]) / "helm"
         subprocess.run([str(helm), "uninstall", "rljob-operator"], env=cluster.env, capture_output=True, check=False)
-        cluster.kubectl("taint", "nodes", "-l", selector, f"{TAINT}=true:NoSchedule", "--overwrite", check=False)
+        cluster.kubectl("taint", "nodes", "-l", NODE_LABELS, f"{TAINT}=true:NoSchedule", "--overwrite", check=False)
         provisioner.send_signal(signal.SIGTERM)
         provisioner.wait(timeout=30)
         log.close()
@@ -181,7 +181,7 @@ def test_the_readme_quick_start_runs_as_written(admin: Cluster, registry_login: 
     took = time.monotonic() - t1
     assert re.search(rf"^{JOB}\s+Succeeded\s+100\b", lines[-1]), "\n".join(lines)
     # Every pod (the operator's, the job's) ran on the real node, its image pulled from the registry.
-    node = cluster.kubectl("get", "nodes", "-l", ",".join(f"{k}={v}" for k, v in NODE_SELECTOR.items()), "-o", "name")
+    node = cluster.kubectl("get", "nodes", "-l", NODE_LABELS, "-o", "name")
     assert {where for where, _ in seen.values()} == {node.stdout.strip().removeprefix("node/")}, seen
     assert all(i.startswith(env["REGISTRY"] + "/") for _, images in seen.values() for i in images), seen
     assert any(name.startswith(f"{JOB}-") for name in seen), seen

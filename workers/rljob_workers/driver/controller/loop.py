@@ -236,7 +236,9 @@ class Controller(RewardScoring):
         return [dropped for group in batch for dropped in group.dropped_before] + self.tracker.filtered
 
     def _too_many_filtered(self, batch: list[Group]) -> bool:
-        return len(self._step_drops(batch)) > self.algo.dynamic_sampling.max_extra_groups
+        # Counted, not listed: asked at every wake-up while the batch is gathered.
+        drops = len(self.tracker.filtered) + sum(len(group.dropped_before) for group in batch)
+        return drops > self.algo.dynamic_sampling.max_extra_groups
 
     def _nothing_to_learn(self, batch: list[Group]) -> str:
         filtered = self._step_drops(batch)
