@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from e2e_cluster import Cluster, wait_for
-from e2e_real import cluster_job
 
 OPERATOR_NS, OPERATOR_SELECTOR = "rljob-system", "app.kubernetes.io/name=rljob-operator"
 RECOVERED_STEPS = 5  # trained after the fault, with its pool (or driver) back: recovered
@@ -21,15 +20,6 @@ class Fault:
     step: int = 0  # when the pod was deleted
     detect: float = float("nan")  # seconds until the job showed it (a pool short, a new driver pod)
     recover: float = float("nan")  # seconds until it trained RECOVERED_STEPS more steps, whole again
-
-
-def fault_job(namespace: str, image: str, name: str, steps: int) -> dict[str, Any]:
-    """The shipped cluster example as `name`, longer, checkpointing often (a resumed driver loses little)."""
-    doc = cluster_job(namespace, image)
-    doc["metadata"]["name"] = name
-    doc["spec"]["algorithm"]["totalSteps"] = steps
-    doc["spec"]["checkpoint"].update(dir=f"/mnt/runs/{name}/checkpoints", everySteps=10)
-    return doc
 
 
 class FaultRun:

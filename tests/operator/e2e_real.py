@@ -208,22 +208,6 @@ def cluster_job(namespace: str, image: str) -> dict[str, Any]:
     return doc
 
 
-def local_job(job: dict[str, Any], assets: Path, output: Path) -> dict[str, Any]:
-    """The same job for `rljob run` on this machine: the volumes' folders as plain paths."""
-    spec = json.loads(json.dumps(job["spec"]))
-    spec["model"] = {"path": str(assets / "models" / "tiny-arith"), "dtype": spec["model"]["dtype"]}
-    spec["data"] = {k: v for k, v in spec["data"].items() if k != "volume"}
-    spec["data"]["path"] = str(assets / "data" / "arithmetic-train.jsonl")
-    spec["data"]["eval"]["path"] = str(assets / "data" / "arithmetic-eval.jsonl")
-    spec["checkpoint"] = {"dir": str(output / "checkpoints"), "everySteps": spec["checkpoint"]["everySteps"]}
-    for pool in ("rollout", "trainer", "reward"):
-        spec[pool].pop("nodeSelector", None)
-        spec[pool].pop("tolerations", None)
-    for key in ("image", "imagePullPolicy"):
-        spec.pop(key, None)
-    return {**job, "metadata": {"name": job["metadata"]["name"]}, "spec": spec}
-
-
 def raylet_store_connect(cluster: Cluster, namespace: str, job: str) -> dict[str, float]:
     """Each of the job's Ray pods: the seconds its raylet took to reach the object store it had just
     started, read from the raylet's log in the pod."""
