@@ -58,7 +58,9 @@ def assert_each_prompt_trained_once(reports: list[StepReport], steps: int, per_s
 def test_killed_rollout_replica_moves_its_prompts(assets, tmp_path):
     doc = job_doc(assets, tmp_path, maxStaleness=1)
     doc["spec"]["rollout"]["replicas"] = 2
-    doc["spec"]["rollout"]["sampling"]["maxNewTokens"] = 24  # slow enough that work is in flight
+    # Long enough generations that the kill lands mid-generation: at 24 tokens, a replica with work in flight at
+    # the step's report had sometimes finished it before ray.kill took effect (CI, 1 run in ~20: nothing lost)
+    doc["spec"]["rollout"]["sampling"]["maxNewTokens"] = 96
     killed: list[int] = []
     live: list[list[str]] = []
 
