@@ -15,11 +15,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 import yaml
 
+from rljob.v1 import rollout_service_pb2 as pb
 from rljob_api import parse_rljob
 from rljob_workers.driver.controller.report import StepReport
+from rljob_workers.driver.controller.rollout_clients import Replica
+from rljob_workers.driver.launcher import RayTrainer
 from rljob_workers.driver.local_run import LocalRun
 from rljob_workers.driver.metrics import read_metrics
 from rljob_workers.driver.setup import prepare
@@ -49,6 +53,14 @@ def run_job(doc: dict[str, Any], work: Path, hook: Any = None) -> tuple[int, Loc
     return asyncio.run(run.main()), run
 
 
+async def answers(replica: Replica) -> bool:
+    try:
+        await replica.stub.GetRolloutInfo(pb.GetRolloutInfoRequest(), timeout=5)
+    except grpc.aio.AioRpcError:
+        return False
+    return True
+
+
 def assert_each_prompt_trained_once(reports: list[StepReport], steps: int, per_step: int) -> None:
     trained = [p for r in reports for p in r.prompt_ids]
     assert [r.step for r in reports] == list(range(1, steps + 1))
@@ -58,18 +70,26 @@ def assert_each_prompt_trained_once(reports: list[StepReport], steps: int, per_s
 def test_killed_rollout_replica_moves_its_prompts(assets, tmp_path):
     doc = job_doc(assets, tmp_path, maxStaleness=1)
     doc["spec"]["rollout"]["replicas"] = 2
-    # Long enough generations that the kill lands mid-generation: at 24 tokens, a replica with work in flight at
-    # the step's report had once finished it before ray.kill took effect (1 of the CI runs here: nothing lost)
     doc["spec"]["rollout"]["sampling"]["maxNewTokens"] = 96
     killed: list[int] = []
     live: list[list[str]] = []
+    watchers: list[asyncio.Task[None]] = []
+
+    async def kill_once_dispatched_to(run: LocalRun) -> None:
+        # Killed the moment the controller hands rollout-0 prompts, so the kill lands mid-generation. Checked at
+        # step reports instead, rollout-0 was sometimes idle at all five (the random model ends its samples
+        # early; 1 of the CI runs here), or near the end of a generation that finished before ray.kill landed.
+        while not killed:
+            replica = run.clients.replicas.get("rollout-0")
+            if replica is not None and replica.in_flight > 0:
+                run.rollout.kill("rollout-0")
+                killed.append(len(run.reports))
+            await asyncio.sleep(0.001)
 
     def kill_when_busy(run: LocalRun, report: StepReport) -> None:
         live.append([r.name for r in run.clients.live()])
-        replica = run.clients.replicas.get("rollout-0")
-        if not killed and replica is not None and replica.in_flight > 0:
-            run.rollout.kill("rollout-0")
-            killed.append(report.step)
+        if not watchers:
+            watchers.append(asyncio.get_running_loop().create_task(kill_once_dispatched_to(run)))
 
     rc, run = run_job(doc, tmp_path, kill_when_busy)
     assert rc == 0
@@ -79,6 +99,38 @@ def test_killed_rollout_replica_moves_its_prompts(assets, tmp_path):
     assert last.lost_replica > 0
     assert live[0] == ["rollout-0", "rollout-1"] and live[-1] == ["rollout-1"]
     assert max(r.staleness_max for r in run.reports) <= 1
+
+
+def test_a_rollout_replica_lost_while_the_weight_group_forms_does_not_stall_the_run(assets, tmp_path, monkeypatch):
+    """rollout-0 dies after the controller asked its weight ranks and before it joined the group. gloo's other
+    members cannot tell: before the fix, the trainer waited for it until weightSync.timeoutSeconds (600 s here) and
+    the run stood still that long. Its failed JoinWeightGroup now aborts the group, and the version reaches
+    rollout-1 alone at once."""
+    doc = job_doc(assets, tmp_path, maxStaleness=1, totalSteps=3)
+    doc["spec"]["rollout"]["replicas"] = 2
+    doc["spec"]["weightSync"]["timeoutSeconds"] = 600
+    job = parse_rljob(copy.deepcopy(doc))
+    run = LocalRun(job, prepare(job, None), tmp_path / "out", resume=False, display=False, metrics_port=0)
+    open_group = RayTrainer.open_group
+    killed: list[float] = []
+
+    async def open_group_once_rollout_0_is_dead(trainer: RayTrainer, group_id: str, world: int, *rest: Any) -> Any:
+        if not killed:  # the first group: the trainer and both replicas
+            replica = run.clients.replicas["rollout-0"]
+            run.rollout.kill("rollout-0")
+            while await answers(replica):
+                await asyncio.sleep(0.05)
+            killed.append(time.monotonic())
+        return await open_group(trainer, group_id, world, *rest)
+
+    monkeypatch.setattr(RayTrainer, "open_group", open_group_once_rollout_0_is_dead)
+    rc = asyncio.run(run.main())
+    assert rc == 0
+    assert killed, "no weight group was formed"
+    took = time.monotonic() - killed[0]
+    assert took < 120, f"the run ended {took:.0f}s after rollout-0 died: it stalled on the weight group"
+    assert_each_prompt_trained_once(run.reports, 3, 4)
+    assert run.weight_sync is not None and run.weight_sync.members == ("rollout-1",)  # re-formed without rollout-0
 
 
 def test_reward_error_excluded_and_counted(assets, tmp_path):

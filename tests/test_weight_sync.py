@@ -1,5 +1,8 @@
 """WeightSync when a rollout replica dies in the middle of a policy push.
 
+A dead member is invisible to the group's other members (gloo waits for it until the group's timeout), so
+the first call that fails must abort the group, or the whole run stalls for weightSync.timeoutSeconds.
+
 The supervisor takes a dead replica out of the pool (RolloutClients.remove closes its channel) on its
 own schedule, so it can happen while a weight sync is between two calls to that replica. A call on a
 closed channel raises grpc.aio.UsageError, not AioRpcError: before the fix it escaped the sync and
@@ -11,6 +14,7 @@ choose the moment the replica goes.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,16 +28,24 @@ from rljob_workers.driver.controller.weight_sync import WeightSync
 
 
 class Replica(pb_grpc.RolloutServiceServicer):
-    """The weight-sync RPCs of a rollout replica; UpdateWeights holds until the broadcast ends."""
+    """The weight-sync RPCs of a rollout replica; UpdateWeights holds until the broadcast ends, or fails
+    as a member of an aborted group does."""
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
+        self.aborted: set[str] = set()  # group ids
+        self.groups: list[str] = []  # each group this replica joined, in order
 
     async def JoinWeightGroup(self, request: Any, context: Any) -> pb.JoinWeightGroupResponse:
+        self.groups.append(request.group_id)
         return pb.JoinWeightGroupResponse()
 
     async def UpdateWeights(self, request: Any, context: Any) -> pb.UpdateWeightsResponse:
-        await self.release.wait()
+        group = request.broadcast.group_id
+        while not self.release.is_set():
+            if group in self.aborted:
+                await context.abort(grpc.StatusCode.UNKNOWN, f"weight group {group!r} was aborted")
+            await asyncio.sleep(0.01)
         return pb.UpdateWeightsResponse(staged_version=request.version)
 
     async def GetRolloutInfo(self, request: Any, context: Any) -> pb.GetRolloutInfoResponse:
@@ -68,6 +80,9 @@ class Trainer:
 
     async def broadcast(self) -> int:
         return 0
+
+    async def abort_group(self, group_id: str, reason: str) -> None:
+        pass
 
 
 async def _serve() -> tuple[RunningServer, Replica]:
@@ -146,3 +161,66 @@ def test_usage_error_is_what_a_closed_channel_raises() -> None:
         return None
 
     assert isinstance(asyncio.run(call_closed()), grpc.aio.UsageError)
+
+
+@dataclass
+class AbortingTrainer(Trainer):
+    """A trainer whose side of a broadcast, like gloo's, never notices a dead member: in a group of more than
+    the live replica it ends only when the group is aborted; an abort fails the survivor's side too."""
+
+    survivor: Replica = field(default_factory=Replica)
+    aborts: list[tuple[str, str]] = field(default_factory=list)
+    group: tuple[str, int] = ("", 0)  # id, world size
+
+    async def open_group(self, group_id: str, world_size: int, backend: str, timeout: float) -> tuple[str, int]:
+        self.group = (group_id, world_size)
+        return "127.0.0.1", 1
+
+    async def publish(self, version: int, broadcast: bool = False) -> None:
+        group_id, world_size = self.group
+        if broadcast and world_size > 2:  # waits for the dead member
+            while group_id not in {g for g, _ in self.aborts}:
+                await asyncio.sleep(0.01)
+            raise RuntimeError(f"weight group {group_id!r} was aborted")
+        if broadcast:
+            self.survivor.release.set()
+        self.published.append((version, broadcast))
+
+    async def abort_group(self, group_id: str, reason: str) -> None:
+        self.aborts.append((group_id, reason))
+        self.survivor.aborted.add(group_id)
+
+
+def test_a_replica_lost_mid_broadcast_aborts_the_group_and_the_sync_finishes_without_it_at_once() -> None:
+    """rollout-0 dies during the broadcast: its call fails at once, the group is aborted (the trainer and
+    rollout-1 stop waiting), and the version reaches rollout-1 in a group without rollout-0, in seconds, not
+    after weightSync.timeoutSeconds (600 here)."""
+
+    async def run() -> tuple[AbortingTrainer, list[str], Replica, float]:
+        dead, _ = await _serve()
+        alive, survivor = await _serve()
+        clients = RolloutClients(max_in_flight=4)
+        clients.add("rollout-0", f"127.0.0.1:{dead.port}")
+        clients.add("rollout-1", f"127.0.0.1:{alive.port}")
+        trainer = AbortingTrainer(survivor=survivor, group=("formed", 3))
+        sync = WeightSync(trainer, clients, "gloo", timeout=600.0)
+        sync.members, sync.group_id = ("rollout-0", "rollout-1"), "formed"  # the push goes straight to the broadcast
+        pushing = asyncio.create_task(sync(1))
+        await asyncio.sleep(0.3)  # everyone is inside the broadcast
+        started = time.monotonic()
+        await dead.stop(None)  # rollout-0's process dies
+        await asyncio.wait_for(pushing, 30)
+        took = time.monotonic() - started
+        live = [r.name for r in clients.live()]
+        for name in ("rollout-0", "rollout-1"):
+            await clients.remove(name)
+        await alive.stop(None)
+        return trainer, live, survivor, took
+
+    trainer, live, survivor, took = asyncio.run(run())
+    assert took < 10, f"the sync took {took:.1f}s after rollout-0 died"
+    assert [g for g, _ in trainer.aborts] == ["formed"]
+    assert "weight update of rollout-0 failed" in trainer.aborts[0][1], trainer.aborts
+    assert live == ["rollout-1"]
+    assert len(survivor.groups) == 1 and survivor.groups[0] != "formed"  # re-formed without rollout-0
+    assert trainer.published == [(1, True)], trainer.published

@@ -222,6 +222,13 @@ class TrainerActor:
             device=self.publisher.device,
         )
 
+    async def abort_weight_group(self, group_id: str, reason: str) -> None:
+        """Fail this group's join or broadcast at every member now: the controller saw a member's call fail."""
+        from rljob_workers.weights.group import abort
+
+        if self.store is not None:
+            abort(self.store, group_id, reason)
+
     async def broadcast(self) -> int:
         """Broadcast the newest published version to the group; returns that version."""
         version: int = await asyncio.to_thread(self.publisher.broadcast, self.group)

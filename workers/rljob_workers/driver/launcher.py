@@ -151,6 +151,9 @@ class RayTrainer:
     async def join_group(self) -> None:
         await self.actors[0].join_weight_group.remote()
 
+    async def abort_group(self, group_id: str, reason: str) -> None:
+        await self.actors[0].abort_weight_group.remote(group_id, reason)
+
     async def broadcast(self) -> int:
         version: int = await self.actors[0].broadcast.remote()
         return version

@@ -14,10 +14,20 @@ object's own collectives (`broadcast`, `barrier`) are stable pybind methods.
 Rank 0 (the trainer) hosts a TCPStore; every key goes through a PrefixStore named after
 the group id, so a group re-formed after a replica dies or joins (a new id, same store)
 never reads a stale key of the old one.
+
+A member that dies mid-join or mid-broadcast is not noticed by gloo's other members: they wait
+for it until the group's timeout (weightSync.timeoutSeconds, minutes), and neither `abort()` nor
+`shutdown()` of a ProcessGroupGloo interrupts a collective in progress. So every member waits in
+short slices and between slices reads the group's abort key from the store: whoever learns
+that a member is gone (the controller, through the trainer) sets it with `abort`, and every
+member's join or broadcast then fails at once with WeightGroupAborted.
 """
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
 from datetime import timedelta
 from typing import Literal, Protocol, cast
 
@@ -40,6 +50,9 @@ class Impl(Protocol):
 
 
 KEY_PREFIX = "rljob/weights"
+ABORT_KEY = "aborted"
+ARRIVED_KEY = "arrived"
+POLL_SECONDS = 0.2  # how long a member waits between reads of the abort key
 _FROM_PROTO: dict[int, BackendName] = {pb.WEIGHT_BACKEND_GLOO: "gloo", pb.WEIGHT_BACKEND_NCCL: "nccl"}
 
 
@@ -73,15 +86,62 @@ def host_store(host: str, port: int = 0, timeout: float = 300.0) -> dist.TCPStor
     return dist.TCPStore(host, port, None, True, timedelta(seconds=timeout), wait_for_workers=False)
 
 
+class WeightGroupAborted(RuntimeError):
+    """The group was aborted (a member is gone): this join or broadcast will never complete."""
+
+
+def scoped_store(store: dist.Store, group_id: str) -> dist.PrefixStore:
+    return dist.PrefixStore(f"{KEY_PREFIX}/{group_id}/", store)
+
+
+def abort(store: dist.Store, group_id: str, reason: str) -> None:
+    """Fail every member's join or broadcast in group `group_id` now (see the module's docstring)."""
+    _set_abort(scoped_store(store, group_id), reason)
+
+
+def _set_abort(scoped: dist.Store, reason: str) -> None:
+    if not scoped.check([ABORT_KEY]):  # the first reason is the one to report
+        scoped.set(ABORT_KEY, reason)
+
+
+def _check_aborted(store: dist.Store, group_id: str) -> None:
+    if store.check([ABORT_KEY]):
+        reason = store.get(ABORT_KEY).decode(errors="replace")
+        raise WeightGroupAborted(f"weight group {group_id!r} was aborted: {reason}")
+
+
+def _arrive(store: dist.Store, group_id: str, world_size: int, timeout: float) -> None:
+    """Wait until all world_size members reached the group, or it is aborted. gloo's own rendezvous (in
+    the backend's constructor) cannot be interrupted, so it starts only once every member is here."""
+    deadline = time.monotonic() + timeout
+    arrived = store.add(ARRIVED_KEY, 1)
+    while arrived < world_size:
+        _check_aborted(store, group_id)
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"weight group {group_id!r}: {arrived} of {world_size} members joined in {timeout:g} s")
+        time.sleep(0.01)
+        arrived = store.add(ARRIVED_KEY, 0)
+
+
 class WeightGroup:
     """One membership of the trainer (rank 0) and rollout replicas, for broadcasting weight buckets."""
 
-    def __init__(self, group_id: str, rank: int, world_size: int, backend: BackendName, impl: Impl) -> None:
+    def __init__(
+        self,
+        group_id: str,
+        rank: int,
+        world_size: int,
+        backend: BackendName,
+        impl: Impl,
+        store: dist.Store | None = None,
+    ) -> None:
         self.group_id = group_id
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
         self._impl: Impl | None = impl
+        self._store = store  # the group's scoped store, where its abort key is; None: cannot be aborted
+        self._unfinished: dist.Work | None = None  # an operation given up on when the group was aborted
 
     @classmethod
     def create(
@@ -113,8 +173,9 @@ class WeightGroup:
             store = host_store(master_address, master_port, timeout)
         elif store is None:
             store = dist.TCPStore(master_address, master_port, None, False, wait)
-        scoped = dist.PrefixStore(f"{KEY_PREFIX}/{group_id}/", store)
-        return cls(group_id, rank, world_size, backend, _make_backend(backend, scoped, rank, world_size, wait))
+        scoped = scoped_store(store, group_id)
+        _arrive(scoped, group_id, world_size, timeout)
+        return cls(group_id, rank, world_size, backend, _make_backend(backend, scoped, rank, world_size, wait), scoped)
 
     @classmethod
     def from_request(
@@ -150,16 +211,53 @@ class WeightGroup:
         return self._backend().broadcast([tensor.view(-1).view(torch.uint8)], opts)
 
     def broadcast(self, tensor: Tensor, src: int = 0) -> None:
-        self.broadcast_async(tensor, src).wait()
+        self.wait(self.broadcast_async(tensor, src))
 
     def barrier(self) -> None:
-        self._backend().barrier(dist.BarrierOptions()).wait()
+        self.wait(self._backend().barrier(dist.BarrierOptions()))
+
+    def wait(self, work: dist.Work) -> None:
+        """Wait for one of this group's operations; WeightGroupAborted as soon as the group is aborted."""
+        if self.backend != "gloo" or self._store is None:
+            # NCCL's wait() only orders the CUDA stream; its own watchdog ends a collective that hangs.
+            work.wait()
+            return
+        while True:
+            try:
+                work.wait(timedelta(seconds=POLL_SECONDS))
+                return
+            except RuntimeError:
+                if work.is_completed():  # the operation itself failed, not the slice
+                    raise
+            try:
+                _check_aborted(self._store, self.group_id)
+            except WeightGroupAborted:
+                self._unfinished = work
+                raise
+
+    def abort(self, reason: str) -> None:
+        """Fail every member's operations in this group now (see the module's docstring)."""
+        if self._store is not None:
+            _set_abort(self._store, reason)
 
     def close(self) -> None:
         """Release the group's connections; idempotent. The store belongs to whoever made it."""
         impl, self._impl = self._impl, None
-        if impl is not None:
-            impl.shutdown()
+        if impl is None:
+            return
+        impl.shutdown()
+        unfinished, self._unfinished = self._unfinished, None
+        if unfinished is not None:
+            # The backend's destructor joins its threads, and the one in the aborted collective runs until the
+            # group's timeout: the last reference is dropped on a thread of its own once it ended, never here.
+            held = [impl]
+            del impl
+            threading.Thread(
+                target=_release_when_done,
+                args=(unfinished, held),
+                name=f"release-weight-group-{self.group_id}",
+                daemon=True,
+            ).start()
 
     def _backend(self) -> Impl:
         if self._impl is None:
@@ -168,6 +266,12 @@ class WeightGroup:
 
     def __repr__(self) -> str:
         return f"WeightGroup({self.group_id!r}, rank={self.rank}, world_size={self.world_size}, {self.backend})"
+
+
+def _release_when_done(work: dist.Work, held: list[Impl]) -> None:
+    with contextlib.suppress(RuntimeError):  # the group's timeout: the collective has ended
+        work.wait()
+    held.clear()
 
 
 def _make_backend(backend: BackendName, store: dist.Store, rank: int, size: int, timeout: timedelta) -> Impl:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
 import grpc
@@ -114,7 +114,7 @@ class WeightPublisher:
                 if group is not None:
                     pending.append(group.broadcast_async(buckets[-1]))
             for work in pending:
-                work.wait()
+                group.wait(work)  # type: ignore[union-attr]  # pending is empty without a group
         snapshot = Snapshot(version, plans, tuple(buckets))
         with self._lock:
             self._latest, self._spare = snapshot, self._latest
@@ -270,12 +270,14 @@ def _serialized(message: bytes | wpb.FetchWeightsResponse) -> bytes:
 
 @contextmanager
 def _closed_on_failure(group: WeightGroup | None) -> Iterator[None]:
-    """Close `group` if the broadcast fails. A member lost mid-broadcast fails the root's send, but
-    the other members wait for buckets that will never come until the group's timeout (minutes);
-    closing the root's connections fails their receives at once, so the group can be re-formed."""
+    """Abort and close `group` if the broadcast fails: the other members would wait for buckets that will
+    never come until the group's timeout (minutes); aborting fails their receives at once, so the group
+    can be re-formed."""
     try:
         yield
-    except BaseException:
+    except BaseException as error:
         if group is not None:
+            with suppress(Exception):  # the store may be gone with the failure
+                group.abort(f"the trainer's broadcast failed: {type(error).__name__}: {error}"[:500])
             group.close()
         raise

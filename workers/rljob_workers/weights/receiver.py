@@ -49,7 +49,7 @@ def receive_broadcast(
     # new buckets fault their pages in while earlier ones stream (benchmarks/weight_sync).
     pending = [group.broadcast_async(flat, src=0) for flat in buckets]
     for work in pending:
-        work.wait()
+        group.wait(work)
     return tensors
 
 

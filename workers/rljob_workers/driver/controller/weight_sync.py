@@ -7,6 +7,10 @@ trainer's WeightService, then joins the group at the next sync.
 
 The supervisor may take a dead replica out of the pool (closing its channel) between two calls of a
 sync; a call on a closed channel raises grpc.aio.UsageError, which counts here as a replica lost.
+
+The group's members cannot tell that one of them died (gloo waits for it until the group's timeout), but
+the controller can: that replica's call fails. The first call that fails aborts the group, which fails
+every member's side of the join or broadcast at once, and the sync goes on with the replicas that answer.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ class WeightSource(Protocol):
     async def open_group(self, group_id: str, world_size: int, backend: str, timeout: float) -> tuple[str, int]: ...
     async def join_group(self) -> None: ...
     async def broadcast(self) -> int: ...
+    async def abort_group(self, group_id: str, reason: str) -> None: ...
 
 
 @dataclass
@@ -113,8 +118,9 @@ class WeightSync:
             )
             for first, r in zip(firsts, live, strict=True)
         ]
-        # A member that cannot join leaves the trainer waiting for it until the group's timeout.
-        _, failed = await _beside(self.trainer.join_group(), live, joins, "joining the weight group")
+        # A member that cannot join would leave the others waiting for it until the group's timeout: its failed
+        # call aborts the group (_beside).
+        _, failed = await self._beside(self.trainer.join_group(), live, joins, "joining the weight group")
         if not failed:
             self.members = tuple(r.name for r in live)
         return failed
@@ -126,7 +132,7 @@ class WeightSync:
         # First attempt: pack and send bucket by bucket (overlapped); a retry re-sends the snapshot.
         first = self.published < version
         send = self.trainer.publish(version, broadcast=True) if first else self.trainer.broadcast()
-        sent, failed = await _beside(send, live, calls, "weight update")
+        sent, failed = await self._beside(send, live, calls, "weight update")
         if sent:
             self.published = version
         return failed
@@ -160,27 +166,50 @@ class WeightSync:
         except GONE as exc:
             raise RuntimeError(f"replica {replica.name} could not pull version {version}: {_detail(exc)}") from None
 
+    async def _beside(
+        self, trainer_side: Awaitable[Any], live: list[Replica], calls: Sequence[Awaitable[Any]], what: str
+    ) -> tuple[bool, list[Replica]]:
+        """Run the trainer's side beside one call per replica: (the trainer's side succeeded, the replicas
+        whose call failed). The first side that fails aborts the group, so the others fail now rather than
+        wait for it until the group's timeout. A trainer-side error while every replica is fine is the
+        trainer's own: raised."""
+        sides = [asyncio.ensure_future(trainer_side), *(asyncio.ensure_future(call) for call in calls)]
+        try:
+            pending: set[asyncio.Future[Any]] = set(sides)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                failure = next(((i, e) for i, s in enumerate(sides) if s in done and (e := s.exception())), None)
+                if failure is not None and pending:
+                    who = "the trainer" if failure[0] == 0 else live[failure[0] - 1].name
+                    await self._abort(f"{what} of {who} failed: {_detail(failure[1])}")
+                    break
+            results = await asyncio.gather(*sides, return_exceptions=True)
+        except asyncio.CancelledError:
+            for side in sides:
+                side.cancel()
+            raise
+        failed = []
+        for replica, result in zip(live, results[1:], strict=True):
+            if isinstance(result, BaseException):
+                # The detail, not the error: a log record that holds an AioRpcError holds its call and channel
+                replica.last_error = f"{what} failed: {_detail(result)}"
+                log.warning("%s: %s", replica.name, replica.last_error)
+                failed.append(replica)
+        if isinstance(results[0], BaseException) and not failed:
+            raise results[0]
+        return not isinstance(results[0], BaseException), failed
+
+    async def _abort(self, reason: str) -> None:
+        log.warning("aborting weight group %s: %s", self.group_id, reason)
+        try:
+            await self.trainer.abort_group(self.group_id, reason[:500])
+        except Exception as error:  # the trainer's own side then fails at the group's timeout
+            log.warning("could not abort weight group %s: %s", self.group_id, error)
+
 
 async def _call(method: Callable[..., Awaitable[T]], request: Any, timeout: float) -> T:
     """Start the call inside the coroutine, so that a channel closed meanwhile fails it in gather."""
     return await method(request, timeout=timeout)
-
-
-async def _beside(
-    trainer_side: Awaitable[Any], live: list[Replica], calls: Sequence[Awaitable[Any]], what: str
-) -> tuple[bool, list[Replica]]:
-    """Run the trainer's side beside one call per replica: (the trainer's side succeeded, the replicas
-    whose call failed). A trainer-side error while every replica is fine is the trainer's own: raised."""
-    results = await asyncio.gather(trainer_side, *calls, return_exceptions=True)
-    failed = []
-    for replica, result in zip(live, results[1:], strict=True):
-        if isinstance(result, BaseException):
-            log.warning("%s of %s failed: %s", what, replica.name, result)
-            replica.last_error = f"{what} failed: {_detail(result)}"
-            failed.append(replica)
-    if isinstance(results[0], BaseException) and not failed:
-        raise results[0]
-    return not isinstance(results[0], BaseException), failed
 
 
 async def _weight_ranks(replica: Replica, timeout: float) -> int:
