@@ -75,6 +75,7 @@ async def baseline_rounds(args: argparse.Namespace, token_ids: list[list[int]]) 
     from vllm.inputs import TokensPrompt
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from rljob_workers.engines.base import derive_seed
     from rljob_workers.engines.vllm import engine_args
 
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args(worker_config(args))))
@@ -89,7 +90,10 @@ async def baseline_rounds(args: argparse.Namespace, token_ids: list[list[int]]) 
         return len(final.outputs[0].token_ids)
 
     async def round_() -> int:
-        jobs = [one(ids, p * args.n + i) for p, ids in enumerate(token_ids) for i in range(args.n)]
+        # The seeds rljob's adapter gives these samples (request seed 1, prompt p{p}, index i), so both sides
+        # sample the same sequences: with other seeds a few baseline samples drew the (suppressed) EOS early
+        # (8,009 tokens a round against rljob's 8,192), and the sides did not do the same work.
+        jobs = [one(ids, derive_seed(1, f"p{p}/{i}")) for p, ids in enumerate(token_ids) for i in range(args.n)]
         return sum(await asyncio.gather(*jobs))
 
     try:
