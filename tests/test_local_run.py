@@ -15,14 +15,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 import yaml
 
-from rljob.v1 import rollout_service_pb2 as pb
 from rljob_api import parse_rljob
 from rljob_workers.driver.controller.report import StepReport
-from rljob_workers.driver.controller.rollout_clients import Replica
+from rljob_workers.driver.controller.weight_sync import answers
 from rljob_workers.driver.launcher import RayTrainer
 from rljob_workers.driver.local_run import LocalRun
 from rljob_workers.driver.metrics import read_metrics
@@ -51,14 +49,6 @@ def run_job(doc: dict[str, Any], work: Path, hook: Any = None) -> tuple[int, Loc
     job = parse_rljob(copy.deepcopy(doc))
     run = LocalRun(job, prepare(job, None), work / "out", resume=False, display=False, metrics_port=0, step_hook=hook)
     return asyncio.run(run.main()), run
-
-
-async def answers(replica: Replica) -> bool:
-    try:
-        await replica.stub.GetRolloutInfo(pb.GetRolloutInfoRequest(), timeout=5)
-    except grpc.aio.AioRpcError:
-        return False
-    return True
 
 
 def assert_each_prompt_trained_once(reports: list[StepReport], steps: int, per_step: int) -> None:

@@ -113,8 +113,9 @@ class WeightPublisher:
                 buckets.append(pack(plan, tensors, None if buffers is None else buffers[i], self.device))
                 if group is not None:
                     pending.append(group.broadcast_async(buckets[-1]))
-            for work in pending:
-                group.wait(work)  # type: ignore[union-attr]  # pending is empty without a group
+            if group is not None:
+                for work in pending:
+                    group.wait(work)
         snapshot = Snapshot(version, plans, tuple(buckets))
         with self._lock:
             self._latest, self._spare = snapshot, self._latest

@@ -79,7 +79,7 @@ class WeightSync:
                 return
             # A broken broadcast fails every member; only those that stopped answering are gone.
             for replica in failed:
-                replica.alive = await _answers(replica)
+                replica.alive = await answers(replica)
             self.members = ()
             if time.monotonic() - started >= self.timeout:
                 break
@@ -218,7 +218,8 @@ async def _weight_ranks(replica: Replica, timeout: float) -> int:
     return max(int(info.weight_ranks), 1)
 
 
-async def _answers(replica: Replica) -> bool:
+async def answers(replica: Replica) -> bool:
+    """Whether `replica` still answers a GetRolloutInfo within 5 s."""
     try:
         await replica.stub.GetRolloutInfo(pb.GetRolloutInfoRequest(), timeout=5.0)
     except GONE:
