@@ -208,6 +208,33 @@ def test_version_gate_switches_only_when_no_request_runs() -> None:
     run(body())
 
 
+def test_version_gate_serves_the_version_its_load_made_current() -> None:
+    """An engine with one slot for received weights: version 2 replaced 1 there before 1's switch loaded, so
+    that switch loads 2 and says so; 2's own switch finds nothing new. Every request after runs as 2."""
+
+    async def body() -> None:
+        gate = VersionGate()
+        slot: list[int] = []
+        serving_at_load: list[int] = []
+
+        async def load() -> int | None:
+            serving_at_load.append(gate.version)
+            return slot.pop() if slot else gate.version
+
+        async with gate.request():
+            slot.append(1)
+            gate.stage(1, load)
+            await asyncio.sleep(0.01)  # 1's switch now waits for the request to end
+            slot[:] = [2]
+            gate.stage(2, load)
+        async with gate.request() as version:
+            assert version == 2 and gate.version == 2
+        await asyncio.sleep(0.01)
+        assert serving_at_load == [0, 2] and gate.version == 2 and not slot  # 2 served as 2 from its load on
+
+    run(body())
+
+
 # --- the gRPC server ------------------------------------------------------------------------
 
 

@@ -106,6 +106,15 @@ def test_an_update_in_flight_pauses_the_running_samples_and_they_span_both_versi
     assert probe["inflight_update_seconds"] < 10, probe
 
 
+def test_under_drain_a_version_that_replaced_the_staged_one_serves_under_its_own_number(probe: dict[str, Any]) -> None:
+    """Two versions arrive while samples run; once they end the newer serves, labelled as itself (it was served
+    as the older one's number, and its own switch then failed, when the worker's one staged slot was replaced)."""
+    assert probe["superseded_running_versions"] == [[3, 3]], probe
+    assert probe["superseded_served"] == 5, probe
+    assert probe["superseded_versions"] == [[5, 5]], probe
+    assert probe["superseded_gap"] <= LOGPROB_TOLERANCE, probe
+
+
 def test_a_sync_that_cannot_finish_fails_within_its_timeout(probe: dict[str, Any]) -> None:
     assert probe["timeout_error"], "a broadcast nobody sent was taken"
     assert 2.5 <= probe["timeout_seconds"] < 20, probe

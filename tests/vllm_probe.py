@@ -152,6 +152,7 @@ async def probe(model_dir: str) -> dict[str, Any]:
         out["gap_version_2"] = gap(await generate(engine, PROMPTS, SHORT), trainer)
 
         out.update(await update_in_flight(engine, trainer, model_dir))
+        out.update(await superseded_while_draining(engine, trainer))
         out.update(await sync_that_never_comes(engine, trainer))
         out.update(await beyond_one_step(engine, trainer))
     finally:
@@ -179,6 +180,29 @@ async def update_in_flight(engine: VLLMEngine, trainer: Trainer, model_dir: str)
     return out
 
 
+async def superseded_while_draining(engine: VLLMEngine, trainer: Trainer) -> dict[str, Any]:
+    """Under drain, versions 4 and 5 both arrive while samples run: the version served once they end is 5, with
+    5's weights and under its own number (the worker holds one received version: 5 replaced 4)."""
+    engine.weight_update = "drain"
+    running = asyncio.ensure_future(generate(engine, MANY, LONG))
+    while engine._gate._running == 0:  # the samples hold the gate: no version loads until they end
+        await asyncio.sleep(0.01)
+    for version in (4, 5):
+        trainer.next_version(version)
+        await broadcast(engine, trainer, version)
+    drained = await running
+    deadline = time.monotonic() + 20
+    while engine.policy_version != 5 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    after = await generate(engine, PROMPTS, SHORT)
+    return {
+        "superseded_served": engine.policy_version,
+        "superseded_running_versions": sorted({(s.policy_version, s.newest_version) for s in drained}),
+        "superseded_versions": sorted({(s.policy_version, s.newest_version) for s in after}),
+        "superseded_gap": gap(after, trainer),
+    }
+
+
 async def sync_that_never_comes(engine: VLLMEngine, trainer: Trainer) -> dict[str, Any]:
     """A sync whose trainer never sends fails within the group's timeout, naming nothing stuck."""
     out: dict[str, Any] = {}
@@ -187,7 +211,7 @@ async def sync_that_never_comes(engine: VLLMEngine, trainer: Trainer) -> dict[st
     )
     stuck = time.monotonic()
     try:
-        await engine.receive_broadcast(4, trainer.publisher.plan)
+        await engine.receive_broadcast(6, trainer.publisher.plan)
         out["timeout_error"] = None
     except Exception as exc:  # what reaches the rollout server (and from there the controller)
         out["timeout_error"] = f"{type(exc).__name__}: {exc}"[:300]

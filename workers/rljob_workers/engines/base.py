@@ -237,7 +237,7 @@ class VersionGate:
         self._running = 0
         self._switching = False
         self._changed = asyncio.Condition()
-        self._staged: tuple[int, Callable[[], Awaitable[None]]] | None = None
+        self._staged: tuple[int, Callable[[], Awaitable[int | None]]] | None = None
         self._switcher: asyncio.Task[None] | None = None
 
     @asynccontextmanager
@@ -253,8 +253,11 @@ class VersionGate:
                 self._running -= 1
                 self._changed.notify_all()
 
-    def stage(self, version: int, load: Callable[[], Awaitable[None]]) -> None:
-        """Switch to `version` by awaiting `load()` at the next safe point; a newer stage supersedes it."""
+    def stage(self, version: int, load: Callable[[], Awaitable[int | None]]) -> None:
+        """Switch to `version` by awaiting `load()` at the next safe point; a newer stage supersedes it.
+
+        `load()` may return the version it made current instead, where that is not `version`: an engine that
+        holds received weights in one place loads whatever is there, which a newer version may have replaced."""
         self._staged = (version, load)
         if self._switcher is None or self._switcher.done():
             self._switcher = asyncio.get_running_loop().create_task(self._switch_staged())
@@ -266,9 +269,9 @@ class VersionGate:
                 self._switching = True
                 await self._changed.wait_for(lambda: self._running == 0)
             try:
-                await load()
-                self.version = version
-                log.info("serving policy version %d", version)
+                served = await load()
+                self.version = version if served is None else served
+                log.info("serving policy version %d", self.version)
             except Exception:  # the replica keeps serving the old version, and says so
                 log.exception("loading policy version %d failed; still serving %d", version, self.version)
             finally:

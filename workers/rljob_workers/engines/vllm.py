@@ -180,11 +180,11 @@ class VLLMEngine(PerSampleEngine):
     async def receive_broadcast(self, version: int, plans: Sequence[BucketPlan]) -> int:
         source = pb.BroadcastSource(buckets=[to_proto(plan) for plan in plans]).SerializeToString()
         if self.weight_update == "inflight":
-            counters = await self._in_flight(version, "rljob_receive", source, True)
+            counters = await self._in_flight(version, "rljob_receive", source, version, True)
         else:
             async with self._weights:
-                counters = await self._engine.collective_rpc("rljob_receive", args=(source, False))
-            self._gate.stage(version, lambda: self._switch(version, "rljob_load_staged"))
+                counters = await self._engine.collective_rpc("rljob_receive", args=(source, version, False))
+            self._gate.stage(version, lambda: self._switch(None, "rljob_load_staged"))
         return sum(plan.nbytes for plan in plans) * len(counters)
 
     async def stage_weights(self, version: int, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -200,10 +200,11 @@ class VLLMEngine(PerSampleEngine):
             else:
                 loaded = asyncio.get_running_loop().create_future()
 
-                async def switch() -> None:
+                async def switch() -> int:
                     try:
-                        await self._switch(version, "rljob_load_file", path)
+                        served = await self._switch(version, "rljob_load_file", path)
                         loaded.set_result(None)
+                        return served
                     except BaseException as exc:
                         loaded.set_exception(exc)
                         raise
@@ -216,13 +217,19 @@ class VLLMEngine(PerSampleEngine):
         counters: list[dict[str, Any]] = await self._engine.collective_rpc("rljob_counters")
         return counters
 
-    async def _switch(self, version: int, method: str, *args: Any) -> None:
-        """Load in every worker (no request running, under drain), then serve `version` with no old KV."""
+    async def _switch(self, version: int | None, method: str, *args: Any) -> int:
+        """Load in every worker (no request running, under drain), then serve what loaded with no old KV:
+        `version`, or (None) the version the workers had received, which may be newer than the one staged
+        when this switch was scheduled. Returns the version served."""
         async with self._weights:
-            await self._engine.collective_rpc(method, args=args)
+            counters: list[dict[str, Any]] = await self._engine.collective_rpc(method, args=args)
+            loaded = counters[0]["loaded_version"] if version is None else version
+            if loaded is None:  # an earlier switch already loaded what was received
+                return self._version
             await self._engine.reset_prefix_cache()
-            await self._engine.update_weight_version(str(version))
-            self._version = version
+            await self._engine.update_weight_version(str(loaded))
+            self._version = loaded
+            return loaded
 
     async def _in_flight(self, version: int, method: str, *args: Any) -> list[dict[str, Any]]:
         """Pause with the running requests kept (their KV dropped, recomputed on the new weights), load,
@@ -233,7 +240,7 @@ class VLLMEngine(PerSampleEngine):
                 counters: list[dict[str, Any]] = await self._engine.collective_rpc(method, args=args)
                 await self._engine.reset_prefix_cache()
                 await self._engine.update_weight_version(str(version))
-                self._version = version
+                self._version = self._gate.version = version  # the gate's too, should the mode change
             finally:
                 await self._engine.resume_generation()
         return counters

@@ -32,6 +32,7 @@ class ReceiverState:
 
     group: WeightGroup | None = None
     staged: dict[str, torch.Tensor] | None = None  # received, not loaded yet (drain: at the safe point)
+    staged_version: int | None = None
     counters: dict[str, Any] = field(
         default_factory=lambda: {
             "pid": os.getpid(),  # the worker's process: not the rollout server's
@@ -85,16 +86,19 @@ class WeightReceiver:
         if group is not None:
             group.close()
 
-    def rljob_receive(self, broadcast_source: bytes, load_now: bool) -> dict[str, Any]:
+    def rljob_receive(self, broadcast_source: bytes, version: int, load_now: bool) -> dict[str, Any]:
         """Receive one version's buckets (the plan: a serialized BroadcastSource) from rank 0 into this worker;
-        load them now, or keep them for `rljob_load_staged` (drain: at the engine's next safe point)."""
+        load them now, or keep them for `rljob_load_staged` (drain: at the engine's next safe point), in
+        place of any version kept before and not loaded yet."""
         state = self._rljob()
         if state.group is None:
             raise RuntimeError("rljob_receive before rljob_join_group")
         plans = [from_proto(bucket) for bucket in pb.BroadcastSource.FromString(broadcast_source).buckets]
         device = "cpu" if state.group.backend == "gloo" else self._rljob_device()
         started = time.perf_counter()
+        state.staged, state.staged_version = None, None  # superseded, and its buffers let go before new ones
         state.staged = receive_broadcast(state.group, plans, device)
+        state.staged_version = version
         counters = state.counters
         counters["bytes_received"] += sum(plan.nbytes for plan in plans)
         counters["buckets_received"] += len(plans)
@@ -102,13 +106,14 @@ class WeightReceiver:
         return self.rljob_load_staged() if load_now else dict(counters)
 
     def rljob_load_staged(self) -> dict[str, Any]:
-        """Load the version `rljob_receive` kept."""
+        """Load the version `rljob_receive` kept; the counters say which (`loaded_version`: None when none was
+        kept, as when an earlier call loaded it)."""
         state = self._rljob()
-        if state.staged is None:
-            raise RuntimeError("no received version to load")
-        tensors, state.staged = state.staged, None
-        self._rljob_load(iter(tensors.items()))
-        return dict(state.counters)
+        tensors, version = state.staged, state.staged_version
+        state.staged, state.staged_version = None, None
+        if tensors is not None:
+            self._rljob_load(iter(tensors.items()))
+        return {**state.counters, "loaded_version": version}
 
     def rljob_load_file(self, path: str) -> dict[str, Any]:
         """Load a version from a safetensors file (pulled by the rollout server for a replica that joined late)."""
