@@ -51,7 +51,8 @@ def test_an_aborted_join_fails_every_member_waiting_for_one_that_never_comes() -
 
 
 def _receives(port: int, wire: list[bytes], results: Any, dies_after_first_bucket: bool) -> None:
-    """A rollout replica. One that dies reads the first bucket and is gone while the trainer still sends."""
+    """A rollout replica. One that dies reads the first bucket and is gone while the trainer still sends. One that
+    survives exits right after its receive failed, without closing the group (as a process told to stop then)."""
     group = WeightGroup.create("g", "127.0.0.1", port, 2 if dies_after_first_bucket else 1, 3, "gloo", GROUP_TIMEOUT)
     plans = [from_proto(pb.Bucket.FromString(b)) for b in wire]
     if dies_after_first_bucket:
@@ -101,6 +102,9 @@ def test_a_member_killed_mid_broadcast_and_aborted_frees_the_trainer_and_the_oth
         assert outcome.startswith("failed"), outcome
         assert "weight group 'g' was aborted" in outcome, outcome  # by the controller, or by the trainer itself
         assert at - aborted_at < PROMPT, f"the surviving replica waited {at - aborted_at:.1f}s after the abort"
+        # Its aborted collective never ends before the group's timeout; the process does not wait for it to exit.
+        members[0].join(PROMPT)
+        assert members[0].exitcode == 0, "the surviving replica's process did not exit at once after the abort"
     finally:
         for process in members:
             if process.is_alive():

@@ -226,14 +226,19 @@ class WeightGroup:
             try:
                 work.wait(timedelta(seconds=POLL_SECONDS))
                 return
-            except RuntimeError:
-                if work.is_completed():  # the operation itself failed, not the slice
-                    raise
+            except RuntimeError as error:
+                failed = error if work.is_completed() else None  # the operation itself failed, not the slice
             try:
                 _check_aborted(self._store, self.group_id)
-            except WeightGroupAborted:
-                self._unfinished = work
-                raise
+            except WeightGroupAborted as aborted:
+                # An aborted group is done: its backend goes now, so that only the release thread holds it (a
+                # process that exits holding it waits out the group's timeout). The abort's reason is the
+                # cause to report, also where the operation failed first (a member that aborted closes).
+                self._unfinished = None if failed else work
+                self.close()
+                raise aborted from failed
+            if failed is not None:
+                raise failed
 
     def abort(self, reason: str) -> None:
         """Fail every member's operations in this group now (see the module's docstring)."""
