@@ -13,11 +13,13 @@ from typing import Any
 import grpc
 import pytest
 import torch
+import yaml
 from weight_helpers import BUCKET_BYTES, T, assert_same, small_model
 
 from rljob.v1 import rollout_service_pb2 as pb
 from rljob.v1 import weight_service_pb2 as wpb
 from rljob.v1 import weight_service_pb2_grpc as wgrpc
+from rljob_api.spec import RLJob
 from rljob_workers.common.grpc_server import channel, start_server
 from rljob_workers.weights import (
     WeightGroup,
@@ -33,6 +35,8 @@ from rljob_workers.weights import (
     to_proto,
 )
 from rljob_workers.weights.group import bucket_device
+
+from conftest import REPO
 
 
 def _receiver(port: int, phases: list[tuple[str, int, int, int, list[bytes]]], results: mp.Queue) -> None:
@@ -169,6 +173,22 @@ def test_buckets_live_on_the_device_their_backend_moves():
     assert bucket_device("gloo", "cpu") == torch.device("cpu")
     with pytest.raises(ValueError, match=r"backend 'nccl' carries cuda buckets, but these are on cpu: use gloo"):
         bucket_device("nccl", "cpu")
+
+
+def test_a_spec_without_a_bucket_size_sends_cpu_weights_in_8_mib_buckets():
+    # The spec's default was 256 MiB for every backend: on gloo, one bucket of a whole small model, which
+    # cannot overlap packing with sending and is received into fresh pages (benchmarks/vllm_engine: a sync
+    # into vLLM 0.59 of a raw broadcast, against 0.69-0.72 in 8-16 MiB buckets)
+    document = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
+    del document["spec"]["weightSync"]["bucketSizeMb"]
+    spec = RLJob.model_validate(document).spec
+    weights = [(f"w{i}", torch.zeros(1024, 1024)) for i in range(5)]  # 20 MiB in fp32
+    publisher = WeightPublisher.for_bucket_mb(spec.weight_sync.bucket_size_mb, "cpu")
+    publisher.publish(0, weights)
+    assert [plan.nbytes >> 20 for plan in publisher.plan] == [8, 8, 4]
+    given = WeightPublisher.for_bucket_mb(16, "cpu")
+    given.publish(0, weights)
+    assert [plan.nbytes >> 20 for plan in given.plan] == [16, 4]
 
 
 def test_a_wrong_pairing_is_refused_before_any_member_connects():

@@ -133,7 +133,12 @@ class WeightSyncSpec(Model):
     backend: Literal["auto", "nccl", "gloo"] = Field(
         "auto", description="Collective for the bulk broadcast; auto is nccl on GPU, gloo on CPU."
     )
-    bucket_size_mb: int = Field(256, description="Size of one flat broadcast bucket, in MiB.", ge=1, le=65536)
+    bucket_size_mb: int | None = Field(
+        None,
+        description="Size of one flat broadcast bucket, in MiB; unset: 8 on gloo (CPU), 256 on nccl (GPU).",
+        ge=1,
+        le=65536,
+    )
     every_steps: int = Field(1, description="Publish a new version to rollout every N train steps.", ge=1)
     timeout_seconds: float = Field(600.0, description="Deadline of one weight transfer.", gt=0)
 

@@ -175,7 +175,7 @@ class TrainerActor:
 
         # NCCL broadcasts CUDA buckets (the trainer's GPU), gloo CPU ones
         device = bucket_device(cast(Any, self.config.weight_sync.backend), self.trainer.device)
-        self.publisher = WeightPublisher(self.config.weight_sync.bucket_size_mb * 1024 * 1024, device=device)
+        self.publisher = WeightPublisher.for_bucket_mb(self.config.weight_sync.bucket_size_mb, device)
         host = node_host()
         self.weight_server = await start_server([weight_service(self.publisher)], host, 0, token=required_job_token())
         return f"{host}:{self.weight_server.port}"

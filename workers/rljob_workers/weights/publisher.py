@@ -83,6 +83,11 @@ class WeightPublisher:
         self._latest: Snapshot | None = None
         self._spare: Snapshot | None = None
 
+    @classmethod
+    def for_bucket_mb(cls, size_mb: int | None, device: torch.device | str) -> WeightPublisher:
+        """From a spec's `weightSync.bucketSizeMb`: unset, the device's own default."""
+        return cls(None if size_mb is None else size_mb * 1024 * 1024, device)
+
     @property
     def plan(self) -> list[BucketPlan]:
         """The bucket plan, fixed by the first publish (replicas need it to receive a broadcast)."""
