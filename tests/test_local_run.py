@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -66,14 +68,20 @@ def test_killed_rollout_replica_moves_its_prompts(assets, tmp_path):
     watchers: list[asyncio.Task[None]] = []
 
     async def kill_once_dispatched_to(run: LocalRun) -> None:
-        # Killed the moment the controller hands rollout-0 prompts, so the kill lands mid-generation. Checked at
+        # Killed the moment the controller hands rollout-0 a prompt, so the kill lands mid-generation. Checked at
         # step reports instead, rollout-0 was sometimes idle at all five (the random model ends its samples
-        # early; 1 of the CI runs here), or near the end of a generation that finished before ray.kill landed.
+        # early; 1 of the CI runs here). Killed whenever it had prompts in flight, with ray.kill, it once finished
+        # them all before the kill landed (lost_replica 0, in CI): now a new prompt and a SIGKILL, which is instant.
+        pid = await run.rollout.actors["rollout-0"].pid.remote()
+        seen = None
         while not killed:
             replica = run.clients.replicas.get("rollout-0")
-            if replica is not None and replica.in_flight > 0:
-                run.rollout.kill("rollout-0")
+            now = replica.in_flight if replica is not None else 0
+            if seen is not None and now > seen:
+                os.kill(pid, signal.SIGKILL)
+                run.rollout.kill("rollout-0")  # out of the pool too: the supervisor does not replace it
                 killed.append(len(run.reports))
+            seen = now
             await asyncio.sleep(0.001)
 
     def kill_when_busy(run: LocalRun, report: StepReport) -> None:
