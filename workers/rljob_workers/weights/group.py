@@ -226,8 +226,11 @@ class WeightGroup:
             try:
                 work.wait(timedelta(seconds=POLL_SECONDS))
                 return
-            except RuntimeError as error:
-                failed = error if work.is_completed() else None  # the operation itself failed, not the slice
+            except RuntimeError:  # the slice ran out, or the operation ended (failed, or just now)
+                ended = work.is_completed()
+                failed = _own_failure(work) if ended else None
+                if ended and failed is None:
+                    return
             try:
                 _check_aborted(self._store, self.group_id)
             except WeightGroupAborted as aborted:
@@ -271,6 +274,17 @@ class WeightGroup:
 
     def __repr__(self) -> str:
         return f"WeightGroup({self.group_id!r}, rank={self.rank}, world_size={self.world_size}, {self.backend})"
+
+
+def _own_failure(work: dist.Work) -> RuntimeError | None:
+    """A completed operation's own error, None when it succeeded: a slice of `wait` can run out just as the
+    operation ends, and gloo's "Operation timed out!" is then no verdict on it (seen in CI: a trainer's broadcast
+    failed the run while its replica had taken the version)."""
+    try:
+        work.wait()
+    except RuntimeError as error:
+        return error
+    return None
 
 
 def _release_when_done(work: dist.Work, held: list[Impl]) -> None:
