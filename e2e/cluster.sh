@@ -162,13 +162,12 @@ POLICY
 
 # Node heartbeats: a real kubelet renews its own node's Lease every 10 s; here one kwok process renews
 # the Leases of every fake node, four at a time. At kwok's default pace (every 40/4 = 10 s) the scale
-# test's 1,000 nodes are 100 Lease writes a second, more than a busy 2-core machine serves: renewals
+# test's 1,000 nodes are 100 Lease writes a second, more than a busy machine of few cores serves: renewals
 # fall behind, the node lifecycle controller taints the nodes unreachable after its grace period, and
-# pods stay Pending (a CI run saw 689 of 1,006 nodes tainted). So kwok renews every 240/4 = 60 s
-# (17 writes a second) and a node counts as lost after 5 minutes without a renewal, not 50 s. A new
-# node gets the same 5 minutes for its first Lease: with the default 1 minute, the scale test's nodes
-# whose first Lease came late were tainted unreachable at once (a CI run saw 735 of 1,006). No test
-# loses a node through its heartbeat: test_reward_node_lost_and_back deletes the Node.
+# pods stay Pending. So kwok renews every 240/4 = 60 s (17 writes a second) and a node counts as lost
+# after 5 minutes without a renewal, not 50 s. A new node gets the same 5 minutes for its first Lease:
+# with the default 1 minute, the scale test's nodes whose first Lease comes late are tainted unreachable
+# at once. No test loses a node through its heartbeat: test_reward_node_lost_and_back deletes the Node.
 start_controllers() { # controller-manager, scheduler, kwok (waited for by cmd_start)
   launch kube-controller-manager \
     --node-monitor-grace-period=5m --node-startup-grace-period=5m \

@@ -10,7 +10,7 @@
 #   e2e/images.sh worker-test      the worker-test image (`--target worker-test`) and its environment
 #   e2e/images.sh worker           the full worker image, once per dependency hash, smoke-tested
 #   e2e/images.sh rollout-vllm-test  engine vllm's rollout-vllm-test image and its environment (vLLM's
-#                                  CPU build, envs/vllm/requirements.lock; about 6 GB; `make e2e-real-vllm`)
+#                                  CPU build, runtimes/vllm/requirements.lock; about 6 GB; `make e2e-real-vllm`)
 #   e2e/images.sh check            exit 0 only if what `build` makes is there
 #   e2e/images.sh prune            drop all but the newest two deps/src builds (build does this too)
 #   e2e/images.sh env              RLJOB_E2E_* lines (image names, archives, environment) for eval
@@ -52,7 +52,7 @@ short() { sha256sum | cut -c1-12; }
 base_hash() { echo "${BASE_SUITE} ${BASE_PACKAGES} ${PYTHON_VERSION} v1" | short; }
 
 # pyproject.toml's dependency tables alone: a change to its tool settings (pytest, ruff) or scripts is the
-# rljob package's (src_hash), and rebuilt the 6 GB environment for nothing.
+# rljob package's (src_hash), and would rebuild the 6 GB environment for nothing.
 pyproject_deps() {
   (cd "${REPO}" && python3 -c 'import json, sys, tomllib
 doc = tomllib.load(open("pyproject.toml", "rb")); project = doc.get("project", {})
@@ -76,7 +76,7 @@ src_hash() {
 
 # engine vllm's rollout pods: their own environment (vLLM's pins), the same base and Python.
 vllm_hash() {
-  { base_hash; sha_files envs/vllm/requirements.lock docker/rollout-vllm.Dockerfile; echo "venv ${VENV} v1"; } | short
+  { base_hash; sha_files runtimes/vllm/requirements.lock docker/rollout-vllm.Dockerfile; echo "venv ${VENV} v1"; } | short
 }
 
 BASE_HASH="$(base_hash)"
@@ -181,7 +181,7 @@ build_worker_test_image() {
 
 # The build context of the Dockerfiles' build stage, as a writable copy (pip builds in the tree).
 copy_context() { # dir
-  (cd "${REPO}" && { printf '%s\n' pyproject.toml constraints.txt README.md envs/vllm/requirements.lock; src_files; } |
+  (cd "${REPO}" && { printf '%s\n' pyproject.toml constraints.txt README.md runtimes/vllm/requirements.lock; src_files; } |
     tar -cf - -T -) |
     tar -xf - -C "$1"
 }

@@ -151,7 +151,7 @@ kill_containers() { # every container of our containerd, without the kubelet (st
 }
 
 kill_cgroup_leftovers() { # processes still in the node's cgroups once their containers are gone (a container
-  # whose task `ctr` no longer listed: CI13 left a restarted operator pod's python running after the node stopped)
+  # whose task `ctr` no longer lists, such as a restarted operator pod's, keeps running after the node stops)
   local d pids try
   for try in 1 2 3 4 5; do
     pids="$(for d in $(cgroup_dirs); do

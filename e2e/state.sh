@@ -69,8 +69,8 @@ launch_exe() { # component executable args...
 wait_exec() { # pid exe : until the forked child runs exe (or has exited)
   # Until its exec, the child runs this script's command line, and pid_of would call a component
   # that a loaded machine is slow to start dead. Within the exec its command line reads empty until the
-  # kernel has set up the new image's arguments: CI saw that for kube-controller-manager (the largest
-  # binary) under load, and called it dead. Only a zombie or a gone pid has exited.
+  # kernel has set up the new image's arguments, which takes a while for a large binary
+  # (kube-controller-manager) under load: that is no death either. Only a zombie or a gone pid has exited.
   local pid="$1" exe="$2" cmdline deadline=$((SECONDS + TIMEOUT))
   while ((SECONDS <= deadline)); do
     [[ "$(process_state "${pid}")" =~ ^(Z|X|)$ ]] && return 0 # exited: alive/pid_of will say so, with its log
@@ -111,7 +111,7 @@ how_it_ended() { # component -> its exit status where this shell launched it, el
     echo "pid ${pid} runs: $(tr '\0' ' ' <"/proc/${pid}/cmdline" | cut -c1-200)" # not ours, or not exec'd yet
     return
   fi
-  # CI once saw kube-controller-manager gone at once with an empty log: its status tells a signal (128+N)
+  # a component gone at once with an empty log: its status tells a signal (128+N)
   wait "${pid}" 2>/dev/null && code=0 || code=$?
   if ((code == 127)); then echo "pid ${pid} gone, not this shell's child"; else echo "exit status ${code}"; fi
 }

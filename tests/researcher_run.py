@@ -23,8 +23,8 @@ import yaml
 from example_job import free_port
 from prometheus_client.parser import text_string_to_metric_families
 
-from rljob_workers.driver.eval_log import read_evals
-from rljob_workers.driver.metrics import read_metrics
+from rljob_workers.driver.telemetry.eval_log import read_evals
+from rljob_workers.driver.telemetry.metrics import read_metrics
 from rljob_workers.tasks.arithmetic import held_out_problems, make_problems, read_jsonl, write_jsonl
 
 from conftest import REPO, kill_process_tree
@@ -33,10 +33,11 @@ STEPS, PROMPTS, GROUP, LOGGED = 5, 4, 8, 6
 MAX_NEW_TOKENS = 5  # the example's
 EVAL_EVERY, EVAL_PROMPTS, EVAL_K = 2, 12, 4  # rounds at steps 0, 2, 4 and 5 (the end)
 WANDB_PROJECT = "rljob-test"
-# Given to the model where it has none: the template's way from the job's model to an export is checked.
-TEMPLATE = (
-    "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}={% endif %}"
-)
+# Given to the model where it has none: the template's way from the job's model to an export is checked. It
+# renders a conversation as the prompts the tiny model learned from, BOS first (a template writes the special
+# tokens itself), so that the run earns rewards to learn from: a prompt the model never saw (without BOS, or
+# wrapped in role tags) leaves every answer wrong and every group's advantage 0.
+TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% endfor %}"
 Scrape = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 

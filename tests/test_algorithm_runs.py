@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
-from rljob_workers.driver.ledger import read_ledger
-from rljob_workers.driver.metrics import first_reaching, read_metrics
+from rljob_workers.driver.telemetry.ledger import read_ledger
+from rljob_workers.driver.telemetry.metrics import first_reaching, read_metrics
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
 from conftest import REPO, kill_process_tree

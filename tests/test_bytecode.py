@@ -1,4 +1,4 @@
-"""The environments `make setup` and envs/vllm.sh build carry their packages' bytecode: a process importing what a
+"""The environments `make setup` and runtimes/vllm.sh build carry their packages' bytecode: a process importing what a
 pool imports compiles none of their sources, even where PYTHONDONTWRITEBYTECODE keeps Python from writing .pyc
 files itself (as on this project's machines). Without it every pool actor compiled torch's and transformers'
 sources again: 15 s of CPU each, two thirds of a short `rljob run` (benchmarks/bytecode)."""
@@ -51,12 +51,14 @@ def test_the_project_environment_imports_the_pools_packages_without_compiling_th
 
 
 def test_the_vllm_environment_imports_vllm_without_compiling_it() -> None:
-    built = subprocess.run(["bash", str(REPO / "envs" / "vllm.sh"), "check"]).returncode == 0
+    built = subprocess.run(["bash", str(REPO / "runtimes" / "vllm.sh"), "check"]).returncode == 0
     if not built:
-        pytest.skip("the vLLM environment is not built here (envs/vllm.sh; .ci/run builds it)")
-    python = subprocess.run(["bash", str(REPO / "envs" / "vllm.sh"), "path"], capture_output=True, text=True)
+        pytest.skip("the vLLM environment is not built here (runtimes/vllm.sh; .ci/run builds it)")
+    python = subprocess.run(["bash", str(REPO / "runtimes" / "vllm.sh"), "path"], capture_output=True, text=True)
     compiled = compiled_sources(python.stdout.strip(), VLLM)
-    assert not compiled, f"{len(compiled)} sources compiled at import (envs/vllm.sh's bytecode missing): {compiled[:5]}"
+    assert not compiled, (
+        f"{len(compiled)} sources compiled at import (no bytecode from runtimes/vllm.sh): {compiled[:5]}"
+    )
 
 
 def test_an_environment_without_bytecode_is_caught(tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from rljob_workers.common.chat import conversation, has_chat_template, render
 from rljob_workers.driver.controller.data import DataError, Prompt, chat_prompts, load_prompts, read_rows
 from rljob_workers.driver.controller.groups import Sample
 from rljob_workers.driver.controller.messages import generate_request, reward_request
-from rljob_workers.driver.metrics import first_reaching, read_metrics
+from rljob_workers.driver.telemetry.metrics import first_reaching, read_metrics
 from rljob_workers.models.tiny import CHAT_TEMPLATE, char_tokenizer
 from rljob_workers.reward.callables import WeightedFunction
 from rljob_workers.reward.functions import RewardFunctionSet

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from rljob_api import RLJobInvalid, parse_rljob
-from rljob_api.colocate import GIB, colocate_refusal, pair_memory, parse_bytes
+from rljob_api.colocate_fit import GIB, colocate_refusal, pair_memory, parse_bytes
 from rljob_api.crd import openapi_schema
 
 from conftest import REPO
@@ -193,7 +193,7 @@ def test_run_without_a_gpu_refuses_a_colocated_job_in_one_line_before_ray(
 def test_the_operator_refuses_a_colocated_job_naming_the_field(colocated: dict) -> None:
     """On a cluster each pool has its own pods: the operator's parse (what its InvalidSpec event and Failed
     status say) refuses the field."""
-    from rljob_operator.reconciler import invalid_message, parse_job
+    from rljob_operator.context import invalid_message, parse_job
 
     with pytest.raises(RLJobInvalid) as info:
         parse_job({**colocated, "metadata": {"name": "arithmetic", "namespace": "default"}})
@@ -212,8 +212,8 @@ PLACEMENT = textwrap.dedent(
     import ray
     import yaml
     from rljob_api import derive_worker_configs, parse_rljob
-    from rljob_workers.driver.launcher import ActorPool, trainer_rank_options
-    from rljob_workers.driver.ray_node import shutdown_ray
+    from rljob_workers.driver.placement.launcher import ActorPool, trainer_rank_options
+    from rljob_workers.driver.placement.ray_node import shutdown_ray
 
     @ray.remote
     class Probe:
@@ -272,7 +272,7 @@ def test_each_gpu_holds_one_replica_and_one_rank_and_a_replacement_takes_its_pre
 
 def _learn(doc: dict, work: Path, model: Path) -> tuple[list[dict[str, Any]], float]:
     """`rljob run` of `doc` to its end: metrics.jsonl's steps and the median seconds per step."""
-    from rljob_workers.driver.metrics import read_metrics
+    from rljob_workers.driver.telemetry.metrics import read_metrics
 
     job = _write_job(doc, work, model)
     done, _ = _rljob("run", str(job), "--no-display", "--output", str(work / "out"))

@@ -28,7 +28,7 @@ from rljob_workers.driver.controller.data import PromptSource, Row
 from rljob_workers.driver.controller.loop import Controller
 from rljob_workers.driver.controller.report import RunFailed, StepReport
 from rljob_workers.driver.controller.status import RunView
-from rljob_workers.driver.display import status_table
+from rljob_workers.driver.telemetry.display import status_table
 from rljob_workers.trainer.samples import TrainSample
 
 from conftest import REPO

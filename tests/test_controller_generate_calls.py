@@ -10,8 +10,8 @@ from typing import Any
 
 from rljob_workers.driver.controller.data import PromptSource, Row
 from rljob_workers.driver.controller.loop import Controller
-from rljob_workers.driver.controller.rollout_clients import RolloutClients
-from rljob_workers.driver.reward_router import RewardRouter
+from rljob_workers.driver.pools.reward.router import RewardRouter
+from rljob_workers.driver.pools.rollout import RolloutClients
 from rljob_workers.engines.base import FinishedSample, PromptInput, SamplingConfig
 from rljob_workers.reward import RewardFunctionSet
 from rljob_workers.reward.callables import WeightedFunction

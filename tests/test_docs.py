@@ -2,23 +2,31 @@
 
 Every RLJob in a doc's code block and every RLJob file under examples/ passes `rljob validate` (the CLI's
 own `main`, in-process); every relative link resolves to a file, and an #anchor to one of its headings;
-every `rljob ...` command in a code block parses with the CLI's own argparse parser. No Ray, a second or
-two.
+every `rljob ...` command in a code block parses with the CLI's own argparse parser; every list of the
+RLJob's conditions names exactly the operator's condition types, and each default the docs quote is the
+schema's (or the code's that applies it). No Ray, a second or two.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import re
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
-from test_layout import ALLOWED
+from test_layout import DRIVER_FLOORS, POOL_PACKAGES
 
+from rljob_api import CheckpointSpec, RewardSpec, RolloutSpec, ScalingSpec, WeightSyncSpec
+from rljob_api.algorithm import AlgorithmSpec, RolloutCorrectionSpec
+from rljob_api.base import Model
+from rljob_api.placement import Placement, default_shm_size
+from rljob_operator.status import CONDITION_TYPES
 from rljob_workers.driver.cli import build_parser, main
 
 from conftest import REPO
@@ -27,6 +35,7 @@ from conftest import REPO
 DOCS = sorted(
     [
         REPO / "README.md",
+        REPO / "CHANGELOG.md",
         REPO / "CONTRIBUTING.md",
         REPO / "benchmarks" / "README.md",
         REPO / "e2e" / "README.md",
@@ -188,8 +197,11 @@ def test_the_checks_catch_a_bad_anchor_and_a_bad_command(tmp_path: Path) -> None
 
 def test_contributing_lists_every_workers_package_in_its_layout() -> None:
     layout = (REPO / "CONTRIBUTING.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
-    listed = set(re.findall(r"^\| `(\w+)/`", layout, re.M)) | set(re.findall(r"^\| `\w+/`, `(\w+)/`", layout, re.M))
-    assert listed == set(ALLOWED), "CONTRIBUTING.md's layout table and tests/test_layout.py's ALLOWED differ"
+    packages, rooms = layout.split("### The driver's rooms", 1)
+    listed = set(re.findall(r"^\| `(\w+)/`", packages, re.M)) | set(re.findall(r"^\| `\w+/`, `(\w+)/`", packages, re.M))
+    assert listed == {*POOL_PACKAGES, "driver"}, "CONTRIBUTING.md's layout table and tests/test_layout.py differ"
+    floors = re.findall(r"^\| `(\w+)(?:/|\.py)`", rooms, re.M)
+    assert tuple(floors) == DRIVER_FLOORS, "CONTRIBUTING.md's driver rooms and tests/test_layout.py's floors differ"
 
 
 def test_every_rljob_validate_the_docs_show_passes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -204,3 +216,137 @@ def test_every_rljob_validate_the_docs_show_passes(monkeypatch: pytest.MonkeyPat
             if main(argv) != 0:
                 failed.append(f"{where}: rljob {shlex.join(argv)}: {err.getvalue().strip()}")
     assert not failed, "\n".join(failed)
+
+
+# Every list of the RLJob's conditions: the words after CONDITIONS_MARK, to the end of that sentence.
+CONDITION_DOCS = [
+    REPO / "docs" / "observability.md",
+    REPO / "operator" / "README.md",
+    REPO / "charts" / "rljob-operator" / "templates" / "NOTES.txt",
+]
+CONDITIONS_MARK = "the conditions, one per type"
+
+
+def condition_list(text: str) -> list[str]:
+    """The condition types a text lists after CONDITIONS_MARK, to the end of that sentence (`.` or `;`);
+    what is in parentheses (a condition's meaning, its reasons) is left out."""
+    at = text.lower().find(CONDITIONS_MARK)
+    if at < 0:
+        return []
+    paragraph = text[at + len(CONDITIONS_MARK) :].split("\n\n")[0]
+    while (shorter := re.sub(r"\([^()]*\)", "", paragraph)) != paragraph:
+        paragraph = shorter
+    sentence = re.split(r"[.;](?:\s|$)", paragraph, maxsplit=1)[0]
+    return re.findall(r"\b[A-Z][A-Za-z0-9]*\b", sentence)
+
+
+def test_the_condition_list_reader_skips_reasons_and_stops_at_the_sentence() -> None:
+    text = "The conditions, one per type: `A`, `BReady` (else `Why`, e.g. `Other`), `C`. Beside them: `D`."
+    assert condition_list(text) == ["A", "BReady", "C"]
+    assert condition_list("kubectl describe  # the conditions, one per type: A, B\n\nC") == ["A", "B"]
+
+
+@pytest.mark.parametrize("doc", CONDITION_DOCS, ids=[str(d.relative_to(REPO)) for d in CONDITION_DOCS])
+def test_every_condition_list_names_each_condition_type(doc: Path) -> None:
+    listed = condition_list(doc.read_text())
+    assert len(listed) == len(set(listed)) and set(listed) == set(CONDITION_TYPES), (
+        f"{doc.relative_to(REPO)}: its list after {CONDITIONS_MARK!r} names {listed}; "
+        f"the operator sets {list(CONDITION_TYPES)} (operator/rljob_operator/status.py)"
+    )
+
+
+def flat(path: Path) -> str:
+    """A file's text with every run of whitespace one space, so a quote may wrap across lines."""
+    return " ".join(path.read_text().split())
+
+
+def test_the_shm_default_in_gpu_sizing_is_default_shm_size() -> None:
+    said = re.search(
+        r"for a rollout pool whose engine is vllm or sglang, (\d+)Gi per GPU of the pod, at least (\d+)Gi; "
+        r"for every other pod, (\d+)Gi per GPU when it has more than one GPU, else (\d+Mi)",
+        flat(REPO / "docs" / "gpu-sizing.md"),
+    )
+    assert said, "docs/gpu-sizing.md no longer states the /dev/shm default in the words this test reads"
+    engine_per_gpu, engine_least, per_gpu, small = said.groups()
+
+    def as_documented(gpus: int, engine: str | None) -> str:
+        if engine in ("vllm", "sglang"):
+            return f"{max(int(engine_per_gpu) * gpus, int(engine_least))}Gi"
+        return f"{int(per_gpu) * gpus}Gi" if gpus > 1 else small
+
+    for gpus in range(9):
+        for engine in (None, "hf", "vllm", "sglang"):
+            assert default_shm_size(gpus, engine) == as_documented(gpus, engine), (gpus, engine)
+
+
+def default(model: type[Model], name: str) -> Any:
+    return model.model_fields[name].default
+
+
+def module_constant(path: Path, name: str) -> Any:
+    """A module-level constant's value (an arithmetic expression of literals), read without importing it."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return eval(compile(ast.Expression(node.value), str(path), "eval"), {"__builtins__": {}})
+    raise AssertionError(f"{path}: no {name}")
+
+
+MIB = 1024 * 1024
+PUBLISHER = REPO / "workers" / "rljob_workers" / "weights" / "publisher.py"
+# (doc, its words quoting a default, `{}` where the value stands, the value the code has)
+QUOTED_DEFAULTS: list[tuple[str, str, Any]] = [
+    ("docs/gpu-sizing.md", "`gpuMemoryUtilization` ({})", default(RolloutSpec, "gpu_memory_utilization")),
+    ("docs/vllm.md", "`gpuMemoryUtilization` ({})", default(RolloutSpec, "gpu_memory_utilization")),
+    ("docs/vllm.md", "- `{}` (the default, and the only mode of `hf`)", default(RolloutSpec, "weight_update")),
+    ("docs/vllm.md", "- `mode: {}` (default)", default(RolloutCorrectionSpec, "mode")),
+    ("docs/vllm.md", "Yao et al. 2025; `high` {})", default(RolloutCorrectionSpec, "high")),
+    ("docs/vllm.md", "Ling Team 2025; `low` {})", default(RolloutCorrectionSpec, "low")),
+    ("docs/concepts.md", "`spec.algorithm.maxStaleness` (default {})", default(AlgorithmSpec, "max_staleness")),
+    ("docs/concepts.md", "`spec.<pool>.maxRestarts` replicas ({})", default(Placement, "max_restarts")),
+    ("docs/troubleshooting.md", "`spec.<pool>.maxRestarts` replicas ({})", default(Placement, "max_restarts")),
+    ("docs/checkpoints.md", "`spec.checkpoint.keep` ({})", default(CheckpointSpec, "keep")),
+    ("docs/rewards.md", "(`spec.reward.timeoutSeconds`, {} s per sample)", default(RewardSpec, "timeout_seconds")),
+    ("docs/rewards.md", "`spec.reward.onError` (`{}`)", default(RewardSpec, "on_error")),
+    ("docs/rewards.md", "`spec.reward.retries` ({}) retries", default(RewardSpec, "retries")),
+    ("e2e/README.md", "`scaleDownWindowSeconds` ({} s by default", default(ScalingSpec, "scale_down_window_seconds")),
+    (
+        "docs/observability.md",
+        "`operator.interval` seconds ({})",
+        yaml.safe_load((REPO / "charts" / "rljob-operator" / "values.yaml").read_text())["operator"]["interval"],
+    ),
+    # weightSync.bucketSizeMb: unset in the schema, the publisher's default by the buckets' device (gloo: CPU)
+    ("docs/concepts.md", "unset: {} MiB on gloo", module_constant(PUBLISHER, "CPU_BUCKET_BYTES") // MIB),
+    ("docs/concepts.md", "{} MiB on NCCL)", module_constant(PUBLISHER, "CUDA_BUCKET_BYTES") // MIB),
+    ("docs/vllm.md", "unset on gloo it is {} MiB", module_constant(PUBLISHER, "CPU_BUCKET_BYTES") // MIB),
+]
+
+
+def test_the_bucket_size_default_is_unset_in_the_schema() -> None:
+    assert default(WeightSyncSpec, "bucket_size_mb") is None  # so the publisher's defaults (above) apply
+
+
+def quoted(text: str, words: str) -> list[str]:
+    """Every value `words` quote in `text` (whitespace-flattened), where `{}` stands."""
+    before, after = (re.escape(part) for part in words.split("{}"))
+    return re.findall(before + r"([\w.]+?)" + after, text)
+
+
+def same(said: str, value: Any) -> bool:
+    """Whether a doc's `said` is `value`: a number as a number (60 is 60.0), anything else as written."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return re.fullmatch(r"\d+(\.\d+)?", said) is not None and float(said) == value
+    return said == str(value)
+
+
+@pytest.mark.parametrize(("doc", "words", "value"), QUOTED_DEFAULTS, ids=[f"{d}:{w}" for d, w, _ in QUOTED_DEFAULTS])
+def test_every_default_the_docs_quote_is_the_codes(doc: str, words: str, value: Any) -> None:
+    found = quoted(flat(REPO / doc), words)
+    assert found, f"{doc} no longer quotes {words!r}: update QUOTED_DEFAULTS with what it says now"
+    assert all(same(said, value) for said in found), f"{doc}: {words!r} says {found}, the code's default is {value!r}"
+
+
+def test_a_changed_default_fails_the_quote_check() -> None:
+    text = "each pool may lose `spec.<pool>.maxRestarts` replicas (3) in a run; unset: 8 MiB on gloo"
+    assert quoted(text, "`spec.<pool>.maxRestarts` replicas ({})") == ["3"]
+    assert same("3", 3) and same("0.85", 0.85) and same("60", 60.0) and same("drain", "drain")
+    assert not same("4", 3) and not same("3.", 3) and not same("2.0", 2.5)

@@ -31,8 +31,8 @@ from rljob_workers.driver.controller.data import Prompt, PromptSource, Row
 from rljob_workers.driver.controller.groups import Group, Sample
 from rljob_workers.driver.controller.loop import Controller
 from rljob_workers.driver.controller.report import Counts, NothingToLearn, StepReport
-from rljob_workers.driver.ledger import read_ledger
-from rljob_workers.driver.metrics import RunMetrics
+from rljob_workers.driver.telemetry.ledger import read_ledger
+from rljob_workers.driver.telemetry.metrics import RunMetrics
 
 from conftest import REPO
 

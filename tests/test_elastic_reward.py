@@ -9,8 +9,8 @@ from typing import Any
 
 from rljob.v1 import sample_pb2
 from rljob_api.reward import ReplicaRange, RewardFunction, RuleReward, ScalingSpec
-from rljob_workers.driver.controller.elastic import ElasticRewardPool
-from rljob_workers.driver.reward_router import RewardRouter
+from rljob_workers.driver.pools.elastic import ElasticRewardPool
+from rljob_workers.driver.pools.reward.router import RewardRouter
 from rljob_workers.reward import RewardFunctionSet
 from rljob_workers.reward.server import start_reward_server
 

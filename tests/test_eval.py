@@ -21,9 +21,9 @@ from researcher_run import EVAL_EVERY, EVAL_K, EVAL_PROMPTS, GROUP, PROMPTS, STE
 from rljob_api import RLJobInvalid, parse_rljob
 from rljob_workers.driver.controller.eval_report import EvalSample, pass_at_k, reported_ks, summarize
 from rljob_workers.driver.controller.evaluation import eval_due
-from rljob_workers.driver.eval_log import read_evals
-from rljob_workers.driver.ledger import read_ledger
-from rljob_workers.driver.metrics import RunMetrics
+from rljob_workers.driver.telemetry.eval_log import read_evals
+from rljob_workers.driver.telemetry.ledger import read_ledger
+from rljob_workers.driver.telemetry.metrics import RunMetrics
 from rljob_workers.tasks.arithmetic import held_out_problems, make_problems, read_jsonl, write_jsonl
 
 from conftest import REPO

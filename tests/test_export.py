@@ -216,7 +216,7 @@ print(json.dumps([list(o.outputs[0].token_ids) for o in outs]))
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(VLLM_PYTHON is None, reason="vLLM's environment is not built: run envs/vllm.sh")
+@pytest.mark.skipif(VLLM_PYTHON is None, reason="vLLM's runtime is not built: run runtimes/vllm.sh")
 def test_vllm_loads_the_export_and_generates_what_transformers_does(exported: Path) -> None:
     assert VLLM_PYTHON is not None
     prompts = prompts_ids(exported)

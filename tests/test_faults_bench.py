@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from rljob_workers.driver.ledger import read_ledger
+from rljob_workers.driver.telemetry.ledger import read_ledger
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
 from conftest import REPO, load_script

@@ -2,7 +2,8 @@
 
 import pytest
 
-from rljob_workers.driver.controller.idle import BusyClock, IdleMeter, PoolIdle
+from rljob_workers.driver.pools.busy import BusyClock
+from rljob_workers.driver.telemetry.idle import IdleMeter, PoolIdle
 
 
 def test_a_pool_busy_between_the_ticks_is_counted_busy():

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import ray
 
-from rljob_workers.driver import launcher, ray_node
 from rljob_workers.driver.controller.report import RunFailed
-from rljob_workers.driver.launcher import ActorPool
-from rljob_workers.driver.supervisor import EXIT_TRAINER_LOST, TrainerWatch, failed_run_exit_code
+from rljob_workers.driver.placement import launcher, ray_node
+from rljob_workers.driver.placement.launcher import ActorPool
+from rljob_workers.driver.run.supervision import EXIT_TRAINER_LOST, TrainerWatch, failed_run_exit_code
 
 pytestmark = pytest.mark.ray
 

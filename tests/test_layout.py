@@ -18,8 +18,8 @@ import pytest
 from conftest import REPO
 
 TOP = "rljob_workers"
-# package -> the packages its modules may import (besides itself, the api and the protos).
-ALLOWED: Mapping[str, frozenset[str]] = {
+# The pool servers' packages, and what each may import (besides itself, the api and the protos).
+POOL_PACKAGES: Mapping[str, frozenset[str]] = {
     "common": frozenset(),
     "tasks": frozenset(),
     "models": frozenset({"tasks"}),
@@ -28,7 +28,17 @@ ALLOWED: Mapping[str, frozenset[str]] = {
     "trainer": frozenset({"common", "weights"}),
     "rollout": frozenset({"common", "engines", "weights"}),
     "reward": frozenset({"common", "engines"}),
-    "driver": frozenset({"common", "engines", "weights", "trainer", "rollout", "reward", "tasks", "models"}),
+}
+# The driver's rooms, from the ground up: each may import the rooms below it and every pool package, never
+# one above it (CONTRIBUTING.md, "The driver's rooms").
+DRIVER_FLOORS = ("errors", "pools", "controller", "telemetry", "placement", "run", "commands", "cli")
+ALLOWED: Mapping[str, frozenset[str]] = {
+    **POOL_PACKAGES,
+    "driver": frozenset({"driver." + room for room in DRIVER_FLOORS}),  # its __init__ names them all
+    **{
+        "driver." + room: frozenset({*POOL_PACKAGES, *("driver." + below for below in DRIVER_FLOORS[:floor])})
+        for floor, room in enumerate(DRIVER_FLOORS)
+    },
 }
 
 
@@ -99,7 +109,10 @@ def circles(graph: Mapping[str, set[str]]) -> list[list[str]]:
 
 
 def _package(module: str) -> str:
+    """The room a module of rljob_workers stands in: its package, or under `driver/` its room there."""
     parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "driver":
+        return f"driver.{parts[2]}"
     return parts[1] if len(parts) > 1 else ""
 
 
@@ -115,15 +128,27 @@ def forbidden_arrows(graph: Mapping[str, set[str]], allowed: Mapping[str, frozen
     return bad
 
 
-def test_workers_have_no_import_circle():
-    assert circles(import_graph(REPO / "workers")) == []
+@pytest.mark.parametrize(("folder", "top"), [("workers", TOP), ("api", "rljob_api"), ("operator", "rljob_operator")])
+def test_no_import_circle(folder, top):
+    assert circles(import_graph(REPO / folder, top)) == []
 
 
 def test_workers_import_only_downward():
     graph = import_graph(REPO / "workers")
     assert forbidden_arrows(graph) == []
     packages = {_package(m) for m in graph} - {""}
-    assert packages == set(ALLOWED), "a new package needs its place in ALLOWED and in CONTRIBUTING.md's layout"
+    assert packages == set(ALLOWED), "a new package or room needs its place in ALLOWED and in CONTRIBUTING.md's layout"
+
+
+def test_no_pool_process_code_under_the_driver():
+    """Each pool's Ray actor lives beside its server: nothing under driver/ defines a Ray actor class."""
+    actors = [
+        f"{path.relative_to(REPO)}: {node.name}"
+        for path in sorted((REPO / "workers" / TOP / "driver").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ClassDef) and any("remote" in ast.unparse(d) for d in node.decorator_list)
+    ]
+    assert actors == []
 
 
 def _tree(root: Path, files: Mapping[str, str]) -> Path:
@@ -213,4 +238,18 @@ def test_an_oversized_module_and_function_are_found(tmp_path):
     assert oversized(tmp_path) == [
         f"workers/big.py: the module ({FUNCTION_LINES + 1 + MODULE_LINES})",
         f"workers/big.py: long_one ({FUNCTION_LINES + 1})",
+    ]
+
+
+def test_a_driver_room_importing_one_above_it_is_found(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "driver/pools/router.py": "from rljob_workers.driver.controller.loop import Controller\n",
+            "driver/controller/loop.py": "Controller = 1\n",
+        },
+    )
+    assert forbidden_arrows(import_graph(root)) == [
+        "rljob_workers.driver.pools.router -> rljob_workers.driver.controller.loop (driver.pools may not import "
+        "driver.controller)"
     ]

@@ -23,10 +23,10 @@ import yaml
 from rljob_api import parse_rljob
 from rljob_workers.driver.controller.report import StepReport
 from rljob_workers.driver.controller.weight_sync import answers
-from rljob_workers.driver.launcher import RayTrainer
-from rljob_workers.driver.local_run import LocalRun
-from rljob_workers.driver.metrics import read_metrics
-from rljob_workers.driver.setup import prepare
+from rljob_workers.driver.placement.launcher import RayTrainer
+from rljob_workers.driver.run.plan import plan_job
+from rljob_workers.driver.run.session import RunSession
+from rljob_workers.driver.telemetry.metrics import read_metrics
 
 from conftest import REPO, kill_process_tree
 
@@ -47,9 +47,9 @@ def job_doc(assets: Path, work: Path, **algorithm: Any) -> dict[str, Any]:
     return doc
 
 
-def run_job(doc: dict[str, Any], work: Path, hook: Any = None) -> tuple[int, LocalRun]:
+def run_job(doc: dict[str, Any], work: Path, hook: Any = None) -> tuple[int, RunSession]:
     job = parse_rljob(copy.deepcopy(doc))
-    run = LocalRun(job, prepare(job, None), work / "out", resume=False, display=False, metrics_port=0, step_hook=hook)
+    run = RunSession(plan_job(job, output=work / "out", display=False), step_hook=hook)
     return asyncio.run(run.main()), run
 
 
@@ -67,25 +67,25 @@ def test_killed_rollout_replica_moves_its_prompts(assets, tmp_path):
     live: list[list[str]] = []
     watchers: list[asyncio.Task[None]] = []
 
-    async def kill_once_dispatched_to(run: LocalRun) -> None:
+    async def kill_once_dispatched_to(run: RunSession) -> None:
         # Killed the moment the controller hands rollout-0 a prompt, so the kill lands mid-generation. Checked at
         # step reports instead, rollout-0 was sometimes idle at all five (the random model ends its samples
         # early; 1 of the CI runs here). Killed whenever it had prompts in flight, with ray.kill, it once finished
         # them all before the kill landed (lost_replica 0, in CI): now a new prompt and a SIGKILL, which is instant.
-        pid = await run.rollout.actors["rollout-0"].pid.remote()
+        pid = await run.pools.rollout.actors["rollout-0"].pid.remote()
         seen = None
         while not killed:
-            replica = run.clients.replicas.get("rollout-0")
+            replica = run.pools.clients.replicas.get("rollout-0")
             now = replica.in_flight if replica is not None else 0
             if seen is not None and now > seen:
                 os.kill(pid, signal.SIGKILL)
-                run.rollout.kill("rollout-0")  # out of the pool too: the supervisor does not replace it
+                run.pools.rollout.kill("rollout-0")  # out of the pool too: the supervisor does not replace it
                 killed.append(len(run.reports))
             seen = now
             await asyncio.sleep(0.001)
 
-    def kill_when_busy(run: LocalRun, report: StepReport) -> None:
-        live.append([r.name for r in run.clients.live()])
+    def kill_when_busy(run: RunSession, report: StepReport) -> None:
+        live.append([r.name for r in run.pools.clients.live()])
         if not watchers:
             watchers.append(asyncio.get_running_loop().create_task(kill_once_dispatched_to(run)))
 
@@ -108,14 +108,14 @@ def test_a_rollout_replica_lost_while_the_weight_group_forms_does_not_stall_the_
     doc["spec"]["rollout"]["replicas"] = 2
     doc["spec"]["weightSync"]["timeoutSeconds"] = 600
     job = parse_rljob(copy.deepcopy(doc))
-    run = LocalRun(job, prepare(job, None), tmp_path / "out", resume=False, display=False, metrics_port=0)
+    run = RunSession(plan_job(job, output=tmp_path / "out", display=False))
     open_group = RayTrainer.open_group
     killed: list[float] = []
 
     async def open_group_once_rollout_0_is_dead(trainer: RayTrainer, group_id: str, world: int, *rest: Any) -> Any:
         if not killed:  # the first group: the trainer and both replicas
-            replica = run.clients.replicas["rollout-0"]
-            run.rollout.kill("rollout-0")
+            replica = run.pools.clients.replicas["rollout-0"]
+            run.pools.rollout.kill("rollout-0")
             while await answers(replica):
                 await asyncio.sleep(0.05)
             killed.append(time.monotonic())
@@ -128,7 +128,8 @@ def test_a_rollout_replica_lost_while_the_weight_group_forms_does_not_stall_the_
     took = time.monotonic() - killed[0]
     assert took < 120, f"the run ended {took:.0f}s after rollout-0 died: it stalled on the weight group"
     assert_each_prompt_trained_once(run.reports, 3, 4)
-    assert run.weight_sync is not None and run.weight_sync.members == ("rollout-1",)  # re-formed without rollout-0
+    sync = run.pools.weight_sync
+    assert sync is not None and sync.members == ("rollout-1",)  # re-formed without rollout-0
 
 
 def test_reward_error_excluded_and_counted(assets, tmp_path):
@@ -170,7 +171,7 @@ def test_synchronous_run_trains_on_policy(assets, tmp_path):
     assert run.reports[-1].counts.discarded_stale == 0
     assert_each_prompt_trained_once(run.reports, 4, 4)
     # Every pool worked and, on policy, every pool waited on the others: none was idle throughout or never.
-    idle = run.idle_fractions()
+    idle = run.telemetry.idle_fractions()
     assert set(idle) == {"rollout", "trainer", "reward"} and all(0 < f < 1 for f in idle.values()), idle
 
 

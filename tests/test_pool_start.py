@@ -12,7 +12,7 @@ from pathlib import Path
 # `collector_paused` or not, then report the full collections made and the collector's state after.
 LOAD = """
 import gc, json, sys, time
-from rljob_workers.driver.actors import collector_paused
+from rljob_workers.common.actor import collector_paused
 full = []
 gc.callbacks.append(lambda phase, info: full.append(1) if phase == "stop" and info["generation"] == 2 else None)
 def load():

@@ -16,8 +16,8 @@ import psutil
 import pytest
 import ray
 
-from rljob_api.workercfg import WorkerConfigs, ray_system_config_env
-from rljob_workers.driver import ray_node
+from rljob_api.workercfg import Pool, WorkerConfigs, ray_system_config_env
+from rljob_workers.driver.placement import ray_node
 
 pytestmark = [pytest.mark.ray, pytest.mark.serial]
 
@@ -26,6 +26,9 @@ RAY_TIMEOUT = (
     "The current node timed out during startup. This could happen because some of the raylet failed to "
     "startup or the GCS has become overloaded."
 )
+
+
+ONE_CPU_EACH: dict[Pool, float] = {"rollout": 1, "reward": 1, "trainer": 1}
 
 
 def _configs() -> WorkerConfigs:
@@ -48,7 +51,7 @@ def test_a_ray_start_that_times_out_is_made_once_more(monkeypatch, caplog):
 
     monkeypatch.setattr(ray_node, "_start_ray", start)
     monkeypatch.setattr(ray_node.ray, "shutdown", lambda: calls.append("shutdown"))
-    ray_node.init_local_ray(_configs(), 1, 1, 1, {})
+    ray_node.init_local_ray(_configs(), ONE_CPU_EACH, {})
     assert calls == ["start", "shutdown", "start"]
     assert "Ray's node did not come up (The current node timed out during startup); starting Ray again" in caplog.text
 
@@ -59,7 +62,7 @@ def test_other_ray_start_errors_and_a_second_timeout_are_raised(monkeypatch):
 
     monkeypatch.setattr(ray_node, "_start_ray", refuse)
     with pytest.raises(ValueError, match="num_cpus"):
-        ray_node.init_local_ray(_configs(), 1, 1, 1, {})
+        ray_node.init_local_ray(_configs(), ONE_CPU_EACH, {})
 
     def time_out(cpus: int, resources: dict[str, int]) -> None:
         raise Exception(RAY_TIMEOUT)
@@ -67,7 +70,7 @@ def test_other_ray_start_errors_and_a_second_timeout_are_raised(monkeypatch):
     monkeypatch.setattr(ray_node, "_start_ray", time_out)
     monkeypatch.setattr(ray_node.ray, "shutdown", lambda: None)
     with pytest.raises(Exception, match="timed out during startup"):
-        ray_node.init_local_ray(_configs(), 1, 1, 1, {})
+        ray_node.init_local_ray(_configs(), ONE_CPU_EACH, {})
 
 
 @ray.remote
@@ -83,7 +86,7 @@ def test_the_pools_environment_reaches_ray_workers_and_leaves_the_driver_as_it_w
 
     monkeypatch.delenv("RLJOB_LAUNCHER_TEST", raising=False)
     monkeypatch.setenv("RLJOB_LAUNCHER_KEPT", "driver")
-    ray_node.init_local_ray(_configs(), 1, 1, 1, {"RLJOB_LAUNCHER_TEST": "pools", "RLJOB_LAUNCHER_KEPT": "pools"})
+    ray_node.init_local_ray(_configs(), ONE_CPU_EACH, {"RLJOB_LAUNCHER_TEST": "pools", "RLJOB_LAUNCHER_KEPT": "pools"})
     try:
         seen = ray.get([_environment_variable.remote(n) for n in ("RLJOB_LAUNCHER_TEST", "RLJOB_LAUNCHER_KEPT")])
     finally:

@@ -21,7 +21,7 @@ STORE_CONNECT = r"""
 import sys
 from pathlib import Path
 import ray
-from rljob_workers.driver import ray_node
+from rljob_workers.driver.placement import ray_node
 if sys.argv[1] == "ray.init":
     ray.init(address="local", num_cpus=2, include_dashboard=False)
 else:
@@ -60,7 +60,7 @@ import sys
 import threading
 from pathlib import Path
 import ray
-from rljob_workers.driver import ray_node
+from rljob_workers.driver.placement import ray_node
 
 def unnamed_native_threads() -> int:
     main = Path("/proc/self/comm").read_text()

@@ -12,7 +12,7 @@ from test_reward_router import slow_replicas, third_party
 
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_workers.common.grpc_server import channel
-from rljob_workers.driver.reward_router import RewardRouter
+from rljob_workers.driver.pools.reward.router import RewardRouter
 
 
 class _Recording(reward_service_pb2_grpc.RewardServiceServicer):

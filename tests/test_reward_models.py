@@ -272,7 +272,7 @@ def test_reward_server_metrics_backlog_latency_errors(rm_dir: Path) -> None:
         )
         running, servicer = await serve_reward(config, metrics_port=0)
         try:
-            from rljob_workers.driver.reward_router import RewardRouter
+            from rljob_workers.driver.pools.reward.router import RewardRouter
 
             router = RewardRouter()
             await router.add_replica("r0", f"127.0.0.1:{running.port}")

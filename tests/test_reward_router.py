@@ -11,7 +11,7 @@ from reward_helpers import run, sample, started
 
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_workers.common.grpc_server import RunningServer, Service, start_server
-from rljob_workers.driver.reward_router import NoReplicaError, RewardRouter
+from rljob_workers.driver.pools.reward.router import NoReplicaError, RewardRouter
 from rljob_workers.reward import RewardFunctionSet, load_function
 from rljob_workers.reward.callables import WeightedFunction
 from rljob_workers.reward.server import start_reward_server

@@ -22,7 +22,7 @@ from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_api import parse_rljob
 from rljob_api.reward import RewardFunction
 from rljob_workers.common.grpc_server import channel
-from rljob_workers.driver.reward_router import RewardRouter
+from rljob_workers.driver.pools.reward.router import RewardRouter
 from rljob_workers.reward import RewardFunctionSet
 
 from conftest import REPO
@@ -179,8 +179,8 @@ def test_ts_server_as_a_remote_reward_with_a_bearer_token(built: Path, tmp_path:
 
 @pytest.mark.ray
 def test_short_rljob_with_a_remote_reward_on_the_ts_server(built: Path, tmp_path: Path) -> None:
-    from rljob_workers.driver.local_run import LocalRun
-    from rljob_workers.driver.setup import prepare
+    from rljob_workers.driver.run.plan import plan_job
+    from rljob_workers.driver.run.session import RunSession
     from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
     from tiny_models import char_llama
@@ -200,7 +200,7 @@ def test_short_rljob_with_a_remote_reward_on_the_ts_server(built: Path, tmp_path
     with ts_server(built) as (address, _):
         function["remote"]["endpoints"] = [address]
         job = parse_rljob(copy.deepcopy(doc))
-        run = LocalRun(job, prepare(job, None), tmp_path / "out", resume=False, display=False, metrics_port=0)
+        run = RunSession(plan_job(job, output=tmp_path / "out", display=False))
         rc = asyncio.run(run.main())
     assert rc == 0, run.view.message if run.view else "no view"
     assert [r.step for r in run.reports] == [1, 2]

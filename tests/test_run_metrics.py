@@ -8,7 +8,7 @@ import urllib.request
 from prometheus_client.parser import text_string_to_metric_families
 
 from rljob_workers.driver.controller.report import Counts, StepReport
-from rljob_workers.driver.metrics import RunMetrics
+from rljob_workers.driver.telemetry.metrics import RunMetrics
 
 
 def _report(step: int, sync_seconds: float, counts: Counts) -> StepReport:

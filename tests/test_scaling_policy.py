@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from rljob_api.reward import ReplicaRange, ScalingSpec
-from rljob_workers.driver.scaling import ScalingDecision, ScalingObservation, ScalingState, decide
+from rljob_workers.driver.pools.scaling_policy import ScalingDecision, ScalingObservation, ScalingState, decide
 
 INTERVAL = 5.0
 SPEC = ScalingSpec(target_backlog_per_replica=16, cooldown_seconds=30, max_step_up=4, max_step_down=1)

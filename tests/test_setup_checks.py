@@ -200,7 +200,7 @@ def _processes_with(marker: str) -> list[str]:
 @pytest.mark.ray
 @pytest.mark.parametrize("tokenizer_json", [True, False], ids=["read-without-torch", "transformers-reads-it"])
 def test_a_model_folder_that_does_not_load_is_one_line_and_stops_ray(assets, tmp_path, tokenizer_json):
-    """The model folders load in a thread while Ray starts (see driver/local.py): their error is still
+    """The model folders load in a thread while Ray starts (see driver/run/command.py): their error is still
     one line, and the Ray node started beside the check is stopped, not left behind. A folder with a
     tokenizer.json is read with `tokenizers` and json; one without, by transformers."""
     broken = tmp_path / "broken-model"

@@ -23,7 +23,7 @@ import psutil
 import pytest
 import yaml
 
-from rljob_workers.driver.metrics import read_metrics
+from rljob_workers.driver.telemetry.metrics import read_metrics
 
 from conftest import REPO
 

@@ -12,7 +12,7 @@ import ray
 from test_local_run import job_doc, run_job
 
 from rljob_workers.driver.controller.report import StepReport
-from rljob_workers.driver.local_run import LocalRun
+from rljob_workers.driver.run.session import RunSession
 
 pytestmark = pytest.mark.ray
 
@@ -22,8 +22,8 @@ RUN_SECONDS = 240  # a run that hangs fails here instead of holding the suite
 def _kill_at(step: int, pool: str) -> tuple[Any, list[int]]:
     killed: list[int] = []
 
-    def hook(run: LocalRun, report: StepReport) -> None:
-        actors = run.rollout if pool == "rollout" else run.reward
+    def hook(run: RunSession, report: StepReport) -> None:
+        actors = run.pools.rollout if pool == "rollout" else run.pools.reward
         if not killed and report.step >= step and f"{pool}-0" in actors.actors:
             ray.kill(actors.actors[f"{pool}-0"])  # the process dies; the driver's books are not told
             killed.append(report.step)

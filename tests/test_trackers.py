@@ -21,7 +21,7 @@ from researcher_run import GROUP, STEPS, WANDB_PROJECT, ResearcherRun
 
 from rljob_api import RLJobInvalid, parse_rljob
 from rljob_api.tracking import LoggingSpec
-from rljob_workers.driver.trackers.base import scalars
+from rljob_workers.driver.telemetry.trackers.base import scalars
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
 from conftest import REPO

@@ -1,4 +1,4 @@
-"""vLLM's CPU build as the rollout engine, run for real in its own environment (envs/vllm.sh builds it;
+"""vLLM's CPU build as the rollout engine, run for real in its own environment (runtimes/vllm.sh builds it;
 `.ci/run` does, cached by the content hash of its pins).
 
 The adapter's checks run in that environment (tests/vllm_probe.py, one engine for all of them): it samples
@@ -25,14 +25,14 @@ import psutil
 import pytest
 import yaml
 
-from rljob_workers.driver.ledger import read_ledger
-from rljob_workers.driver.metrics import read_metrics
+from rljob_workers.driver.telemetry.ledger import read_ledger
+from rljob_workers.driver.telemetry.metrics import read_metrics
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
 from conftest import REPO, kill_process_tree
 from tiny_models import char_llama
 
-VLLM_ENV = REPO / "envs" / "vllm.sh"
+VLLM_ENV = REPO / "runtimes" / "vllm.sh"
 RLJOB = Path(sys.executable).parent / "rljob"
 PROBE = Path(__file__).with_name("vllm_probe.py")
 # fp32 on both sides: what the engine's log-probs and a transformers forward of the same weights may differ by
@@ -40,7 +40,7 @@ LOGPROB_TOLERANCE = 1e-4
 
 
 def vllm_python() -> str | None:
-    """The interpreter of vLLM's environment, if envs/vllm.sh has built it."""
+    """The interpreter of vLLM's runtime, if runtimes/vllm.sh has built it."""
     if subprocess.run(["bash", str(VLLM_ENV), "check"], capture_output=True).returncode != 0:
         return None
     return subprocess.run(["bash", str(VLLM_ENV), "path"], capture_output=True, text=True, check=True).stdout.strip()
@@ -48,7 +48,7 @@ def vllm_python() -> str | None:
 
 VLLM_PYTHON = vllm_python()
 pytestmark = [
-    pytest.mark.skipif(VLLM_PYTHON is None, reason="vLLM's environment is not built: run envs/vllm.sh"),
+    pytest.mark.skipif(VLLM_PYTHON is None, reason="vLLM's runtime is not built: run runtimes/vllm.sh"),
     pytest.mark.ray,
     pytest.mark.slow,
 ]

@@ -23,8 +23,8 @@ import grpc
 from rljob.v1 import rollout_service_pb2 as pb
 from rljob.v1 import rollout_service_pb2_grpc as pb_grpc
 from rljob_workers.common.grpc_server import RunningServer, Service, start_server
-from rljob_workers.driver.controller.rollout_clients import RolloutClients
 from rljob_workers.driver.controller.weight_sync import WeightSync
+from rljob_workers.driver.pools.rollout import RolloutClients
 
 
 class Replica(pb_grpc.RolloutServiceServicer):

@@ -1,4 +1,4 @@
-"""The vLLM engine adapter at work, run in vLLM's own environment by tests/test_vllm.py (with envs/vllm.sh's
+"""The vLLM engine adapter at work, run in vLLM's own runtime by tests/test_vllm.py (with runtimes/vllm.sh's
 python and rljob's source folders on its path); prints one JSON object of what it measured.
 
     python tests/vllm_probe.py MODEL_DIR

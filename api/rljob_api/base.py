@@ -1,7 +1,9 @@
-"""The base model every RLJob schema class derives from, and the rule-error type."""
+"""The base model every RLJob schema class derives from, and the error types of a job that must not run."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -47,3 +49,24 @@ def cel(rule: str, message: str) -> dict[str, str]:
 def cel_rules(*rules: dict[str, str]) -> dict[str, Any]:
     """``json_schema_extra`` carrying CEL rules, so each rule sits beside its pydantic twin."""
     return {"x-kubernetes-validations": list(rules)}
+
+
+@dataclass(frozen=True)
+class FieldError:
+    """One broken rule: the dotted path of the field and what is wrong with it."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+
+class RLJobInvalid(ValueError):
+    """An RLJob that must not run; str() lists every broken rule, one per line."""
+
+    def __init__(self, errors: Sequence[FieldError], source: str = "") -> None:
+        self.errors = list(errors)
+        self.source = source
+        head = f"{source}: invalid RLJob" if source else "invalid RLJob"
+        super().__init__("\n".join([head, *(f"  {e}" for e in self.errors)]))

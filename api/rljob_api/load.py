@@ -3,39 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError
 
-from .base import FieldRuleError
+from .base import FieldError, FieldRuleError, RLJobInvalid
 from .spec import RLJob
 
 _PREFIXES = ("Value error, ", "Assertion failed, ")
 _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
-
-
-@dataclass(frozen=True)
-class FieldError:
-    """One broken rule: the dotted path of the field and what is wrong with it."""
-
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}" if self.field else self.message
-
-
-class RLJobInvalid(ValueError):
-    """An RLJob that must not run; str() lists every broken rule, one per line."""
-
-    def __init__(self, errors: Sequence[FieldError], source: str = "") -> None:
-        self.errors = list(errors)
-        self.source = source
-        head = f"{source}: invalid RLJob" if source else "invalid RLJob"
-        super().__init__("\n".join([head, *(f"  {e}" for e in self.errors)]))
 
 
 def field_path(loc: Sequence[int | str]) -> str:

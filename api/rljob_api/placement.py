@@ -18,7 +18,7 @@ SHM_SIZE_PATTERN = r"^[1-9][0-9]*(Ki|Mi|Gi|Ti|k|M|G|T)?$"
 # 1 GiB for a container). The vLLM adapter stages a pulled policy version there whole, as a safetensors
 # file (engines/vllm.py, HANDOFF_DIR: 2 bytes a parameter), and vLLM's and SGLang's worker processes
 # exchange inputs through shared-memory queues: 32 GiB per GPU holds the weights of a model that fills up
-# to ~40% of 80 GB GPUs (e.g. 70B on 4+, 32B on 2, 14B on 1); 4 GiB at least (a small model on the CPU).
+# to ~40% of 80 GB GPUs (e.g. 70B on 5+, 32B on 2, 14B on 1); 4 GiB at least (a small model on the CPU).
 # Everything else (torch's inter-process tensors, Ray's small objects) fits well under 256 MiB.
 SHM_PER_GPU_GIB = 1
 SHM_ENGINE_PER_GPU_GIB = 32
@@ -120,7 +120,7 @@ class SecurityContext(Model):
     run_as_user: int = Field(1000, description="UID of the containers' processes (the worker image's user).", ge=0)
     run_as_group: int = Field(1000, description="GID of the containers' processes.", ge=0)
     # A fresh claim's filesystem is root's: without fsGroup the pods (uid 1000) cannot write checkpoints to it.
-    # Always set: `kubectl apply` drops a null, so the default would come back (seen on the real node).
+    # Always set: `kubectl apply` drops a null, so the default would come back.
     fs_group: int = Field(
         1000,
         description=(

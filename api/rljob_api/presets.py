@@ -69,8 +69,9 @@ FIFTH_OF_MAX_NEW_TOKENS = Derived("maxNewTokens / 5 (at least 1)", lambda job: m
 # verl's DAPO recipe gives up after 10 generation batches for one train batch.
 TEN_STEPS_OF_GROUPS = Derived("10 × promptsPerStep", lambda job: 10 * job["promptsPerStep"])
 
-# Wire path (as in spec.algorithm) -> default per preset. grpo's column is rljob's behaviour before the
-# presets existed (token-mean, as DAPO; no KL), so an existing job trains exactly as it did.
+# Wire path (as in spec.algorithm) -> default per preset. grpo, the default preset, keeps rljob's plain
+# defaults (token-mean, as DAPO; no KL) rather than the GRPO paper's, so that a job that names no preset
+# trains with the defaults it was written against.
 SETTINGS: Mapping[str, Setting] = {
     "advantageEstimator": _row(
         "group-relative: GRPO; leave-one-out: RLOO; batch-normalized: REINFORCE++",

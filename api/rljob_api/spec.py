@@ -235,7 +235,7 @@ class RLJobSpec(Model):
             raise FieldRuleError(
                 "algorithm.overlong.bufferTokens", f"{buffer} is more than rollout.sampling.maxNewTokens {budget}"
             )
-        check_colocate(self)
+        check_colocate(self.colocate, self.rollout, self.trainer, self.weight_sync.backend)
         return self
 
     model_config = ConfigDict(

@@ -1,8 +1,8 @@
 """Each worker's config, derived from the RLJob spec by one function.
 
-The operator writes `WorkerConfigs` into the job's ConfigMap; the local launcher passes it
-to its actors directly. Both call `derive_worker_configs`, so a cluster run and a local
-run of the same file configure their workers identically.
+The driver derives them once per run (its run plan) and hands each pool its part; the operator
+derives them once per reconcile, for the ports it renders. Both call `derive_worker_configs`, so a
+cluster run and a local run of the same file configure their workers identically.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ TERMINATION_LOG_ENV = "RLJOB_TERMINATION_LOG"
 TOKEN_FILE_ENV = "RLJOB_TOKEN_FILE"
 # Ray's system config for every Ray node of a job, local or in a pod. The raylet connects to its own
 # object store right after starting it, from another thread; when the store is not listening yet, Ray's
-# socket connect sleeps raylet_client_connect_timeout_milliseconds (1 s) before its next try: a whole
-# second of a quarter to a third of local starts on a 2-core machine. The same 10 s in all, in 20 ms steps.
+# socket connect sleeps raylet_client_connect_timeout_milliseconds (1 s by default) before its next try: a
+# whole second added to a start that often finds the store not listening yet. The same 10 s in all, in 20 ms
+# steps.
 # Read-only: ray.init adds its own settings to the dict it is given (pass a copy).
 RAY_SYSTEM_CONFIG: Mapping[str, int] = MappingProxyType(
     {"raylet_client_connect_timeout_milliseconds": 20, "raylet_client_num_connect_attempts": 500}
@@ -39,10 +40,10 @@ RAY_SYSTEM_CONFIG: Mapping[str, int] = MappingProxyType(
 
 # The environment of a local Ray node's processes and of the driver that starts it. Ray's metric exporters
 # (OpenTelemetry's periodic reader, OpenCensus's harvester) run on native threads that ray.shutdown() does
-# not stop: each start in a process left one more of each. One exporting while the interpreter destroyed
-# its statics crashed the process at exit (pytest's SIGSEGV after its summary, in 2 of 4 full runs: the
-# exporter logged through spdlog's registry, already gone). A local node's metrics have no reader (it runs
-# no dashboard); with OpenTelemetry off, no exporter thread outlives ray.shutdown().
+# not stop: each start in a process leaves one more of each. One exporting while the interpreter destroys
+# its statics crashes the process at exit (pytest's SIGSEGV after its summary: the exporter logs through
+# spdlog's registry, already gone). A local node's metrics have no reader (it runs no dashboard); with
+# OpenTelemetry off, no exporter thread outlives ray.shutdown().
 RAY_LOCAL_NODE_ENV = {"RAY_enable_open_telemetry": "0"}
 
 
@@ -134,7 +135,7 @@ class ControllerConfig(Model):
 
 
 class WorkerConfigs(Model):
-    """Every worker's config; the ConfigMap's `workers.json`."""
+    """Every worker's config."""
 
     rollout: RolloutWorkerConfig
     reward: RewardWorkerConfig

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import yaml
 
-from rljob_workers.driver.metrics import first_reaching, read_metrics
+from rljob_workers.driver.telemetry.metrics import first_reaching, read_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL, DATA = REPO / ".cache" / "models" / "tiny-arith", REPO / ".cache" / "data" / "arithmetic-train.jsonl"

@@ -1,6 +1,6 @@
 """A short `rljob run` with the environment's bytecode beside the same run compiling every source it imports.
 
-`make setup` and envs/vllm.sh install with uv's --compile-bytecode. Without it (uv's default), and where
+`make setup` and runtimes/vllm.sh install with uv's --compile-bytecode. Without it (uv's default), and where
 PYTHONDONTWRITEBYTECODE is set (this project's machines set it) so Python writes no .pyc either, every
 process compiles the sources it imports, each time: the driver, each pool actor, Ray's workers. The
 baseline makes that so for one run: PYTHONPYCACHEPREFIX points every process of the run at an empty

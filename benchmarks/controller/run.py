@@ -38,8 +38,8 @@ from rljob_api.workercfg import WorkerConfigs, derive_worker_configs
 from rljob_workers.common.grpc_server import start_server
 from rljob_workers.driver.controller.data import PromptSource, Row
 from rljob_workers.driver.controller.loop import Controller
-from rljob_workers.driver.controller.rollout_clients import RolloutClients
-from rljob_workers.driver.reward_router import RewardRouter
+from rljob_workers.driver.pools.reward.router import RewardRouter
+from rljob_workers.driver.pools.rollout import RolloutClients
 from rljob_workers.engines.base import FinishedSample, FinishReason, PromptInput, SamplingConfig, sample_slots
 from rljob_workers.trainer.samples import TrainSample
 from rljob_workers.weights.publisher import WeightPublisher, weight_service

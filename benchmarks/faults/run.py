@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from rljob_workers.driver.ledger import read_ledger
+from rljob_workers.driver.telemetry.ledger import read_ledger
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL, DATA = REPO / ".cache" / "models" / "tiny-arith", REPO / ".cache" / "data" / "arithmetic-train.jsonl"

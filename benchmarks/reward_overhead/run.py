@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rljob.v1 import sample_pb2
-from rljob_workers.driver.reward_router import RewardRouter
+from rljob_workers.driver.pools.reward.router import RewardRouter
 
 
 @dataclass(frozen=True)

@@ -59,8 +59,8 @@ from rljob_workers.common.grpc_env import use_grpc_process_env  # noqa: E402
 use_grpc_process_env()  # before the imports below load grpc
 from rljob_api import parse_rljob  # noqa: E402
 from rljob_workers.driver.controller.report import StepReport  # noqa: E402
-from rljob_workers.driver.local_run import LocalRun  # noqa: E402
-from rljob_workers.driver.setup import prepare  # noqa: E402
+from rljob_workers.driver.run.plan import plan_job  # noqa: E402
+from rljob_workers.driver.run.session import RunSession  # noqa: E402
 
 sys.path.insert(0, str(HERE))  # the benchmark's own modules, also when loaded by file path
 from pipeline_measure import (  # noqa: E402
@@ -90,19 +90,19 @@ class Probe:
     _last: tuple[float, int] | None = None
     _sampler: asyncio.Task[None] | None = None
 
-    def _integrate(self, run: LocalRun) -> None:
-        now, replicas = time.monotonic(), len(run.reward.actors)
+    def _integrate(self, run: RunSession) -> None:
+        now, replicas = time.monotonic(), len(run.pools.reward.actors)
         if self._last is not None:
             self.replica_seconds += (now - self._last[0]) * self._last[1]
         self._last = (now, replicas)
         self.max_replicas = max(self.max_replicas, replicas)
 
-    async def _sample(self, run: LocalRun) -> None:
+    async def _sample(self, run: RunSession) -> None:
         while True:
             self._integrate(run)
             await asyncio.sleep(0.05)
 
-    def __call__(self, run: LocalRun, report: StepReport) -> None:
+    def __call__(self, run: RunSession, report: StepReport) -> None:
         if self._sampler is None:
             self._sampler = asyncio.get_running_loop().create_task(self._sample(run))
         self._integrate(run)
@@ -111,9 +111,9 @@ class Probe:
             Snapshot(
                 step=report.step,
                 at=time.monotonic(),
-                rollout_busy=run.clients.busy.seconds(),
+                rollout_busy=run.pools.clients.busy.seconds(),
                 trainer_busy=run.controller.trainer_busy.seconds(),
-                reward_service=run.router.stats().service_seconds,
+                reward_service=run.pools.router.stats().service_seconds,
                 replica_seconds=self.replica_seconds,
                 discarded_stale=report.counts.discarded_stale,
                 group_latency_max=report.group_latency_max,
@@ -159,9 +159,7 @@ def run_config(config: Config, args: argparse.Namespace, work: Path) -> Measured
     """One configuration, in this process (the benchmark runs each in a process of its own)."""
     job = parse_rljob(copy.deepcopy(job_doc(config, args, work)))
     probe = Probe()
-    run = LocalRun(
-        job, prepare(job, None), work / config.name, resume=False, display=False, metrics_port=0, step_hook=probe
-    )
+    run = RunSession(plan_job(job, output=work / config.name, display=False), step_hook=probe)
     rc = asyncio.run(run.main())
     if rc != 0:
         raise SystemExit(f"{config.name}: the run failed: {run.view.message if run.view else rc}")

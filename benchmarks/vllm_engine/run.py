@@ -9,7 +9,7 @@
 Each side runs in a process of its own (one vLLM engine per process: its in-process worker initialises
 torch.distributed), one warm-up round, then `--reps` timed rounds; a round's tokens/s is every generated
 token over its wall time. The ratio is rljob's median over the baseline's (#35's bar: >= 0.9). Runs with vLLM's
-environment (envs/vllm.sh), each side re-executing this script there; the model is vllm_bench.py's (~25 M
+environment (runtimes/vllm.sh), each side re-executing this script there; the model is vllm_bench.py's (~25 M
 parameters, built once under --cache), whose samples all run to --max-new-tokens.
 
     python benchmarks/vllm_engine/run.py [--prompts 16] [--n 8] [--max-new-tokens 64] [--reps 3] [--json FILE]

@@ -1,4 +1,4 @@
-"""What the vLLM benchmarks share: vLLM's environment (envs/vllm.sh), each side in a process of its own
+"""What the vLLM benchmarks share: vLLM's runtime (runtimes/vllm.sh), each side in a process of its own
 there, and the model they run.
 
 The model: the tiny arithmetic model's tokenizer under a random Llama large enough that a step's work, not
@@ -27,12 +27,12 @@ SHAPE = {"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 8, 
 
 
 def vllm_environment() -> tuple[str, dict[str, str]]:
-    """This interpreter if it has vllm, else envs/vllm.sh's, with rljob's source folders on its path."""
+    """This interpreter if it has vllm, else runtimes/vllm.sh's, with rljob's source folders on its path."""
     python = sys.executable
     if importlib.util.find_spec("vllm") is None:
-        if subprocess.run(["bash", str(REPO / "envs" / "vllm.sh"), "check"]).returncode:
-            raise SystemExit("vLLM's environment is not built: make vllm-env (or bash envs/vllm.sh)")
-        found = subprocess.run(["bash", str(REPO / "envs" / "vllm.sh"), "path"], capture_output=True, text=True)
+        if subprocess.run(["bash", str(REPO / "runtimes" / "vllm.sh"), "check"]).returncode:
+            raise SystemExit("vLLM's runtime is not built: make vllm-env (or bash runtimes/vllm.sh)")
+        found = subprocess.run(["bash", str(REPO / "runtimes" / "vllm.sh"), "path"], capture_output=True, text=True)
         python = found.stdout.strip()
     path = os.pathsep.join(str(REPO / folder) for folder in SOURCES)
     # one OpenMP thread pool per engine, on every core this machine gives it
@@ -70,7 +70,7 @@ def bench_model(folder: Path) -> Path:
 
 
 def run_side(script: Path, given: list[str], side: str, timeout: float = 1800) -> Any:
-    """Run `script --side SIDE` in vLLM's environment; the JSON object its last line printed."""
+    """Run `script --side SIDE` in vLLM's runtime; the JSON object its last line printed."""
     python, env = vllm_environment()
     done = subprocess.run(
         [python, str(script), *given, "--side", side], env=env, capture_output=True, text=True, timeout=timeout

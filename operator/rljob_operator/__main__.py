@@ -16,7 +16,7 @@ def render_command(argv: Sequence[str]) -> int:
     """Print the children an RLJob file renders to (no cluster needed)."""
     import argparse
 
-    from rljob_api import RLJobInvalid, load_rljob
+    from rljob_api import RLJobInvalid, derive_worker_configs, load_rljob
 
     from .dump import dump_all
     from .options import RenderOptions
@@ -30,7 +30,7 @@ def render_command(argv: Sequence[str]) -> int:
     except RLJobInvalid as exc:
         print(exc, file=sys.stderr)
         return 2
-    sys.stdout.write(dump_all(render(job, RenderOptions())))
+    sys.stdout.write(dump_all(render(job, derive_worker_configs(job), RenderOptions())))
     return 0
 
 

@@ -68,7 +68,7 @@ def _poke(memo: kopf.Memo, namespace: str | None, job: str) -> None:
 
 
 # The index functions are coroutines: kopf runs a plain function in a thread pool, a hop per event that
-# cost more CPU than everything else the operator does with a child's event. Each one also asks for
+# costs more CPU than everything else the operator does with a child's event. Each one also asks for
 # the owning job's refresh (a burst of changes becomes one refresh: handlers.py), so an event costs one
 # handler call; only a deletion, which kopf indexes without calling them, needs a handler of its own.
 @kopf.index("ray.io", "v1", "rayclusters", labels=OF_A_JOB, id=INDEXES[0])

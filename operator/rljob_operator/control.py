@@ -14,8 +14,8 @@ log = logging.getLogger(__name__)
 
 # A driver's ControlService is polled for the tens of seconds its pod takes to start. gRPC's defaults
 # would grow the reconnect backoff to 2 minutes over those failures and give a connect attempt 20 s
-# (a dropped SYN waits on the kernel's retransmissions), so a driver that came up was seen 6-28 s
-# late. Here a connect attempt gets 1 s and the next one follows within 1 s.
+# (a dropped SYN waits on the kernel's retransmissions), so a driver that came up would be seen long
+# after. Here a connect attempt gets 1 s and the next one follows within 1 s.
 RECONNECT_OPTIONS = (
     ("grpc.initial_reconnect_backoff_ms", 500),
     ("grpc.min_reconnect_backoff_ms", 1000),  # also the least time a connect attempt is given
@@ -31,7 +31,7 @@ class ControlClients:
 
     Per job, not per address: forgetting a deleted job closes its channel, and a closed channel cancels
     the calls in flight on it. Shared by address (two jobs' controllers at one address, as the e2e
-    tests' stand-in is), that cancelled another job's poll, and its CancelledError ended the poller.
+    tests' stand-in is), that would cancel another job's poll, and its CancelledError would end the poller.
     """
 
     def __init__(self, timeout_seconds: float) -> None:

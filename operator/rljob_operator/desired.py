@@ -1,9 +1,9 @@
 """What an RLJob's pools should be beyond its spec: the operator's own two decisions. Pure.
 
 The spec says what to run. The operator decides the reward group's size (the controller's elastic
-decision, within the spec's bounds: scaling.py) and whether the run has ended (its driver Job is
+decision, within the spec's bounds: group_sizing.py) and whether the run has ended (its driver Job is
 Complete or Failed: the pools are released, the driver Job kept). `Desired` holds both decisions;
-it is the one source the RayCluster is rendered from (`reconciler.write_children`, its only
+it is the one source the RayCluster is rendered from (`writer.write_children`, its only
 writer), so a scale decision and a release are changes of `Desired`, never writes of their own.
 """
 
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import RLJob
 
+from .group_sizing import decide_reward_group
 from .observe import Observed
 from .options import RewardGroup
-from .scaling import decide_reward_group
 
 
 @dataclass(frozen=True)

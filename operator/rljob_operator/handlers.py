@@ -21,10 +21,12 @@ from rljob_api import GROUP, PLURAL, VERSION, RLJobInvalid
 
 from .children import Children
 from .config import OperatorConfig
+from .context import Context, invalid_message, parse_job
 from .control import ControlClients
+from .events import post
 from .kube import Kube, describe, load_api_client, urgent_workers
 from .metrics import OperatorMetrics
-from .reconciler import Context, ensure_children, invalid_message, parse_job, post, refresh
+from .reconciler import ensure_children, refresh
 
 log = logging.getLogger(__name__)
 RESOURCE = (GROUP, VERSION, PLURAL)

@@ -18,7 +18,6 @@ LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 # Where the ConfigMap is mounted in every pod, and the two files in it.
 CONFIG_DIR = "/etc/rljob"
 RLJOB_FILE = "rljob.yaml"
-WORKERS_FILE = "workers.json"
 # Where remote-reward token Secrets are mounted: <dir>/<function name>/<key>.
 TOKEN_DIR = "/var/run/secrets/rljob"
 # Where the job's own token (its Secret's one key) is mounted in the driver and every pool pod.

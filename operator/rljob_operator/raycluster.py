@@ -161,7 +161,7 @@ def worker_group(job: RLJob, shape: PoolShape, reward: RewardGroup) -> dict[str,
         "template": template,
     }
     if shape.pool == "reward":
-        # Scale-down removes exactly the replicas the controller drained (see scaling.py).
+        # Scale-down removes exactly the replicas the controller drained (see group_sizing.py).
         group["scaleStrategy"] = {"workersToDelete": list(reward.workers_to_delete)}
     return group
 

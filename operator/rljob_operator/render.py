@@ -1,12 +1,12 @@
 """Render an RLJob into the Kubernetes objects that run it. Pure: everything it needs is an argument.
 
 Children: the NetworkPolicy (ingress from the job's own pods, the operator and the scrapers),
-ServiceAccount, Role, RoleBinding (what the driver may read), the ConfigMap (`rljob.yaml`,
-`workers.json`), the control, metrics and reward Services, the pools (the RayCluster) and the driver
-(a batch Job). The job's token Secret is rendered apart (`render_token_secret`): it is made once,
-with a random token, never applied again. The handler applies them in dependency waves
-(reconciler.write_children). A suspended job has no pools and no driver; a finished one keeps its
-driver Job (the record of how it ended) but releases its pools.
+ServiceAccount, Role, RoleBinding (what the driver may read), the ConfigMap (`rljob.yaml`: the job as the
+driver reads it and derives its workers' configs from), the control, metrics and reward Services, the
+pools (the RayCluster) and the driver (a batch Job). The job's token Secret is rendered apart
+(`render_token_secret`): it is made once, with a random token, never applied again. The writer applies
+them in dependency waves (writer.write_children). A suspended job has no pools and no driver; a finished
+one keeps its driver Job (the record of how it ended) but releases its pools.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Any
 
 import yaml
 
-from rljob_api import RLJob, derive_worker_configs
-from rljob_api.workercfg import TERMINATION_LOG_ENV, TOKEN_FILE_ENV
+from rljob_api import RLJob
+from rljob_api.workercfg import TERMINATION_LOG_ENV, TOKEN_FILE_ENV, Ports, WorkerConfigs
 
 from .names import (
     CONFIG_DIR,
@@ -26,7 +26,6 @@ from .names import (
     JOB_TOKEN_KEY,
     LABEL_JOB,
     RLJOB_FILE,
-    WORKERS_FILE,
     component_labels,
     config_name,
     control_service_name,
@@ -111,10 +110,7 @@ def render_config_map(job: RLJob) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": _meta(job, config_name(job), "config"),
-        "data": {
-            RLJOB_FILE: rljob_document(job),
-            WORKERS_FILE: derive_worker_configs(job).model_dump_json(),
-        },
+        "data": {RLJOB_FILE: rljob_document(job)},
     }
 
 
@@ -143,9 +139,8 @@ def render_rbac(job: RLJob) -> list[dict[str, Any]]:
     return [*out, role, binding]
 
 
-def render_services(job: RLJob) -> list[dict[str, Any]]:
+def render_services(job: RLJob, ports: Ports) -> list[dict[str, Any]]:
     """ControlService and metrics of the driver; a headless Service naming the reward replicas."""
-    ports = derive_worker_configs(job).ports
 
     def service(name: str, component: str, selector: dict[str, str], port: int, port_name: str) -> dict[str, Any]:
         spec: dict[str, Any] = {
@@ -175,11 +170,10 @@ def render_token_secret(job: RLJob, token: str) -> dict[str, Any]:
     }
 
 
-def render_network_policy(job: RLJob, options: RenderOptions) -> dict[str, Any]:
+def render_network_policy(job: RLJob, ports: Ports, options: RenderOptions) -> dict[str, Any]:
     """Ingress to the job's pods only from its own pods, the operator (the control port) and the metrics
     scrapers (the metrics port); egress open unless the operator's options restrict it. Enforced only by
     a CNI that implements NetworkPolicy."""
-    ports = derive_worker_configs(job).ports
     own = {"podSelector": {"matchLabels": {LABEL_JOB: job.metadata.name}}}
     ingress: list[dict[str, Any]] = [{"from": [own]}]
     for peers, port in ((options.operator_peers, ports.control), (options.scraper_peers, ports.metrics)):
@@ -203,10 +197,9 @@ def tracker_credentials(job: RLJob) -> dict[str, Any]:
     return {"envFrom": [{"secretRef": {"name": secret}}]} if secret else {}
 
 
-def render_driver(job: RLJob, options: RenderOptions) -> dict[str, Any]:
+def render_driver(job: RLJob, ports: Ports, options: RenderOptions) -> dict[str, Any]:
     """The driver: a Job running the controller (`rljob run --cluster --resume`); a retry resumes from
     the newest checkpoint, and its Complete/Failed condition is how the run ended."""
-    ports = derive_worker_configs(job).ports
     main = container(
         job,
         "driver",
@@ -278,23 +271,27 @@ def render_pools(
 
 def render(
     job: RLJob,
+    configs: WorkerConfigs,
     options: RenderOptions,
     *,
     owner: Owner | None = None,
     reward: RewardGroup | None = None,
     finished: bool = False,
 ) -> list[dict[str, Any]]:
-    """Every child the job should have now.
+    """Every child the job should have now; `configs` are the job's worker configs, derived once by the caller.
 
-    `reward` is the reward group's current size and the drained replicas to delete (see scaling.py);
+    `reward` is the reward group's current size and the drained replicas to delete (see group_sizing.py);
     `finished` (the driver Job completed or failed) releases the pools but keeps the driver Job.
     """
-    docs = [finish(doc, job, owner) for doc in (*render_rbac(job), render_config_map(job), *render_services(job))]
+    docs = [
+        finish(doc, job, owner)
+        for doc in (*render_rbac(job), render_config_map(job), *render_services(job, configs.ports))
+    ]
     if options.network_policy:
-        docs.insert(0, finish(render_network_policy(job, options), job, owner))
+        docs.insert(0, finish(render_network_policy(job, configs.ports, options), job, owner))
     docs += render_pools(job, options, reward or RewardGroup(), finished, owner)
     if not job.spec.suspend:
-        docs.append(finish(render_driver(job, options), job, owner))
+        docs.append(finish(render_driver(job, configs.ports, options), job, owner))
     return docs
 
 

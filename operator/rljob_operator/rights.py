@@ -47,7 +47,7 @@ RIGHTS: tuple[Right, ...] = (
         "the job's token: made once, read back by an operator that did not make it",
         ("get",),
     ),
-    Right("", "configmaps", *APPLIED, "the job's rljob.yaml and workers.json"),
+    Right("", "configmaps", *APPLIED, "the job's rljob.yaml"),
     Right("", "configmaps", (), ("get",), "the driver's Role grants get on its ConfigMap"),
     Right("", "services", *APPLIED, "the control, metrics and reward Services"),
     Right("", "serviceaccounts", *APPLIED, "the driver's account"),

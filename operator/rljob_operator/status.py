@@ -240,19 +240,24 @@ def compute_status(
         restarts=count_restarts(prev.restarts, snapshot, observed.driver),
     )
     if snapshot is not None and snapshot.phase != control_pb.RUN_PHASE_UNSPECIFIED:
-        status.step = snapshot.step
-        status.policy_version = snapshot.policy_version
-        status.samples_per_second = snapshot.samples_per_second
-        if job.spec.algorithm.effective("dynamicSampling.enabled"):
-            status.filtered_groups = snapshot.samples.filtered_groups
-        if snapshot.step > 0:
-            status.reward = RewardStats(mean=snapshot.reward_mean, std=snapshot.reward_std)
-            status.staleness = StalenessStats(mean=snapshot.staleness_mean, max=snapshot.staleness_max)
-        status.checkpoint = snapshot.checkpoint or prev.checkpoint
-        if snapshot.HasField("eval"):
-            status.eval = eval_stats(snapshot.eval)
+        _take_progress(status, snapshot, job)
     if phase == "Running" and status.start_time is None:
         status.start_time = rfc3339(now)
     if phase in TERMINAL and status.completion_time is None:
         status.completion_time = rfc3339(now)
     return status
+
+
+def _take_progress(status: RLJobStatus, snapshot: control_pb.JobStatus, job: RLJob) -> None:
+    """The controller's progress into `status`: step, version, throughput, reward, staleness, checkpoint, eval."""
+    status.step = snapshot.step
+    status.policy_version = snapshot.policy_version
+    status.samples_per_second = snapshot.samples_per_second
+    if job.spec.algorithm.effective("dynamicSampling.enabled"):
+        status.filtered_groups = snapshot.samples.filtered_groups
+    if snapshot.step > 0:
+        status.reward = RewardStats(mean=snapshot.reward_mean, std=snapshot.reward_std)
+        status.staleness = StalenessStats(mean=snapshot.staleness_mean, max=snapshot.staleness_max)
+    status.checkpoint = snapshot.checkpoint or status.checkpoint
+    if snapshot.HasField("eval"):
+        status.eval = eval_stats(snapshot.eval)

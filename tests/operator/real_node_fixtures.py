@@ -25,6 +25,10 @@ from e2e_cluster import Cluster, missing_binaries, real_node_missing
 from e2e_real import images_env, images_missing, install_operator, worker_env_policy
 from e2e_registry import PULL_SECRET, PackagedChart, Registry, project_version, push_chart, push_images
 
+# What every module that runs pods on the real node is: it needs the e2e cluster and containers, and the
+# machine to itself. A module adds its own marks after these.
+REAL_NODE_MARKS = [pytest.mark.cluster, pytest.mark.node, pytest.mark.serial]
+
 
 @dataclass
 class RealCluster:

@@ -23,24 +23,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 from e2e_cluster import E2E, REPO, Cluster, wait_for
 from e2e_real import NODE_SELECTOR, diagnose
 from e2e_registry import Registry
-
-if TYPE_CHECKING:  # pytest loads it, as a plugin, below
-    from real_node_fixtures import RealCluster
+from real_node_fixtures import REAL_NODE_MARKS, RealCluster
 
 pytest_plugins = ["real_node_fixtures"]
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.node,
-    pytest.mark.serial,
-    pytest.mark.quickstart,
-    pytest.mark.timeout(3600),
-]
+pytestmark = [*REAL_NODE_MARKS, pytest.mark.quickstart, pytest.mark.timeout(3600)]
 
 JOB, TAINT = "arithmetic", "rljob.io/e2e-real-node"
 STORAGE_CLASS = "rljob-e2e-local"

@@ -25,7 +25,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 import yaml
@@ -56,20 +56,12 @@ from e2e_real import (
     wait_gone,
 )
 from e2e_registry import pulled_images
+from real_node_fixtures import REAL_NODE_MARKS, RealCluster, RealOperator
 
-from rljob_workers.driver.ledger import read_ledger
-
-if TYPE_CHECKING:  # pytest loads it, as a plugin, below
-    from real_node_fixtures import RealCluster, RealOperator
+from rljob_workers.driver.telemetry.ledger import read_ledger
 
 pytest_plugins = ["real_node_fixtures"]
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.node,
-    pytest.mark.serial,
-    pytest.mark.ray,
-    pytest.mark.timeout(1800),
-]
+pytestmark = [*REAL_NODE_MARKS, pytest.mark.ray, pytest.mark.timeout(1800)]
 
 NS = "rljob-e2e-real"
 JOB = "arithmetic"

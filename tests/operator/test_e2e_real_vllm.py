@@ -3,7 +3,7 @@
 CI's budget holds).
 
 The rollout pool's pods run the rollout-vllm-test image (docker/rollout-vllm.Dockerfile's runtime), pulled
-from the node's registry with the job's pull Secret, with vLLM's CPU build (envs/vllm/requirements.lock, made
+from the node's registry with the job's pull Secret, with vLLM's CPU build (runtimes/vllm/requirements.lock, made
 with that image's base and python3 by `e2e/images.sh rollout-vllm-test`) mounted at /opt/rljob/venv by an
 admission policy, as the worker-test pods get theirs; head, trainer, reward and driver run the worker-test
 image. KubeRay starts Ray in each; the driver's `rljob run --cluster` puts the rollout replica on the rollout
@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 import yaml
@@ -39,21 +39,12 @@ from e2e_real import (
     worker_env_policy,
 )
 from e2e_registry import project_version, push_images
+from real_node_fixtures import REAL_NODE_MARKS, RealCluster, RealOperator
 
-from rljob_workers.driver.ledger import read_ledger
-
-if TYPE_CHECKING:  # pytest loads it, as a plugin, below
-    from real_node_fixtures import RealCluster, RealOperator
+from rljob_workers.driver.telemetry.ledger import read_ledger
 
 pytest_plugins = ["real_node_fixtures"]
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.node,
-    pytest.mark.serial,
-    pytest.mark.ray,
-    pytest.mark.vllm_node,
-    pytest.mark.timeout(2400),
-]
+pytestmark = [*REAL_NODE_MARKS, pytest.mark.ray, pytest.mark.vllm_node, pytest.mark.timeout(2400)]
 
 NS = "rljob-e2e-vllm"
 JOB = "arithmetic"

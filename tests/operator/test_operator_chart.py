@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rljob_api import load_rljob
+from rljob_api import derive_worker_configs, load_rljob
 from rljob_operator.kube import KINDS
 from rljob_operator.metrics import OperatorMetrics
 from rljob_operator.options import RenderOptions
@@ -21,6 +21,7 @@ from rljob_operator.rights import CLUSTER_RIGHTS, RIGHTS, verbs_by_resource
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "rljob-operator"
+GPU_JOB = load_rljob(REPO / "examples" / "gpu-cluster.yaml")
 
 
 def _helm() -> Path | None:
@@ -163,7 +164,7 @@ def test_rbac_grants_exactly_the_operators_rights(namespaced: bool) -> None:
     else:
         assert granted(one(docs, "ClusterRole", "r-rljob-operator")["rules"]) == verbs_by_resource(RIGHTS)
     # Every kind the operator renders is covered: applied (patch, and create for the first apply).
-    for doc in render(load_rljob(REPO / "examples" / "gpu-cluster.yaml"), RenderOptions()):
+    for doc in render(GPU_JOB, derive_worker_configs(GPU_JOB), RenderOptions()):
         prefix, plural = KINDS[doc["kind"]]
         group = "" if prefix == "api/v1" else prefix.split("/")[1]
         assert {(group, plural, "patch"), (group, plural, "create")} <= verbs_by_resource(RIGHTS), doc["kind"]
@@ -171,7 +172,7 @@ def test_rbac_grants_exactly_the_operators_rights(namespaced: bool) -> None:
 
 def _known_metrics() -> set[str]:
     """What the operator, the driver and the reward replicas register (the registries themselves)."""
-    from rljob_workers.driver.metrics import RunMetrics
+    from rljob_workers.driver.telemetry.metrics import RunMetrics
     from rljob_workers.reward.metrics import RewardMetrics
 
     registries = (OperatorMetrics().registry, RunMetrics("job").registry, RewardMetrics().registry)
@@ -222,9 +223,7 @@ def test_chart_network_policy_values_reach_the_rendered_policy() -> None:
     deployment = one(template("networkPolicy.egress[0].ports[0].port=53"), "Deployment")
     env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     options = parse_config([], env).render
-    (policy,) = [
-        d for d in render(load_rljob(REPO / "examples" / "gpu-cluster.yaml"), options) if d["kind"] == "NetworkPolicy"
-    ]
+    (policy,) = [d for d in render(GPU_JOB, derive_worker_configs(GPU_JOB), options) if d["kind"] == "NetworkPolicy"]
     _own, operator, scrapers = policy["spec"]["ingress"]
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert operator["from"] == [
@@ -243,7 +242,7 @@ def test_chart_network_policy_values_reach_the_rendered_policy() -> None:
     env = {e["name"]: e["value"] for e in off["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert not [
         d
-        for d in render(load_rljob(REPO / "examples" / "gpu-cluster.yaml"), parse_config([], env).render)
+        for d in render(GPU_JOB, derive_worker_configs(GPU_JOB), parse_config([], env).render)
         if d["kind"] == "NetworkPolicy"
     ]
 

@@ -14,9 +14,10 @@ import yaml
 from rljob_api import RLJob, parse_rljob
 from rljob_operator.claims import ClaimNeed, ClaimProblem, claim_needs, claim_problem, spread, volumes_condition
 from rljob_operator.config import OperatorConfig
+from rljob_operator.context import Context
 from rljob_operator.metrics import OperatorMetrics
 from rljob_operator.observe import observe
-from rljob_operator.reconciler import Context, check_claims_of
+from rljob_operator.reconciler import check_claims_of
 from rljob_operator.status import compute_status
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,10 +17,10 @@ import pytest
 
 from rljob_operator import handlers
 from rljob_operator.config import OperatorConfig
+from rljob_operator.context import Context
 from rljob_operator.control import ControlClients
 from rljob_operator.kube import Kube
 from rljob_operator.metrics import OperatorMetrics
-from rljob_operator.reconciler import Context
 
 GOOD, BAD = ("ns", "good"), ("ns", "bad")
 

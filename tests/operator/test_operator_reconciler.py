@@ -19,8 +19,9 @@ import yaml
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import parse_rljob
 from rljob_operator.config import OperatorConfig
+from rljob_operator.context import Context, parse_job
 from rljob_operator.metrics import OperatorMetrics
-from rljob_operator.reconciler import Context, ensure_children, parse_job, refresh
+from rljob_operator.reconciler import ensure_children, refresh
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "team"
@@ -261,3 +262,22 @@ def test_suspend_tears_the_pools_down_and_resume_starts_them_at_min() -> None:
         assert kube.reward_group() == (1, [])
 
     asyncio.run(play())
+
+
+def test_a_reconcile_derives_the_worker_configs_once() -> None:
+    from derivations import counted_derivations
+
+    async def play() -> list[int]:
+        ctx, kube, cache, control = context()
+        doc = body()
+        job = parse_job(doc)
+        with counted_derivations() as calls:
+            await ensure_children(ctx, job, doc)  # the handler's reconcile: every child
+            handled = calls[0]
+            kube.put(driver_job())
+            cache.sync()
+            control.status = running(desired=2)
+            await refresh(ctx, job, doc)  # the poller's: the pools and the status
+        return [handled, calls[0] - handled]
+
+    assert asyncio.run(play()) == [1, 1]

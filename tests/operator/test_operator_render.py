@@ -36,7 +36,7 @@ CHART_OPTIONS = RenderOptions(operator_peers=(OPERATOR_PEER,), scraper_peers=(SC
 
 
 def rendered(job: RLJob, options: RenderOptions = CHART_OPTIONS, **kwargs: Any) -> list[dict[str, Any]]:
-    return render(job, options, owner=Owner(job.metadata.name, OWNER_UID), **kwargs)
+    return render(job, derive_worker_configs(job), options, owner=Owner(job.metadata.name, OWNER_UID), **kwargs)
 
 
 def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -124,7 +124,8 @@ def test_job_labels_cannot_override_ours() -> None:
 
 
 def test_no_owner_when_none_given() -> None:
-    docs = render(load_rljob(REPO / "examples" / "arithmetic.yaml"), RenderOptions())
+    job = load_rljob(REPO / "examples" / "arithmetic.yaml")
+    docs = render(job, derive_worker_configs(job), RenderOptions())
     assert all("ownerReferences" not in d["metadata"] for d in docs)
 
 
@@ -218,13 +219,13 @@ def test_finished_releases_pools_keeps_driver() -> None:
     assert absent_kinds(gpu_job(), finished=True) == ("RayCluster",)
 
 
-def test_config_map_holds_the_job_and_worker_configs() -> None:
+def test_config_map_holds_the_job_as_the_driver_reads_it() -> None:
     job = gpu_job()
     data = one(rendered(job), "ConfigMap")["data"]
     assert parse_rljob(yaml.safe_load(data["rljob.yaml"])) == job.model_copy(
         update={"metadata": job.metadata.model_copy(update={"annotations": {}})}
     )
-    assert data["workers.json"] == derive_worker_configs(job).model_dump_json()
+    assert list(data) == ["rljob.yaml"]  # the driver derives its workers' configs from it
 
 
 def test_driver_runs_the_controller_against_the_cluster() -> None:
@@ -312,7 +313,7 @@ def test_system_placement_option() -> None:
         system_node_selector={"pool": "cpu"},
         system_tolerations=({"key": "cpu-only", "operator": "Exists"},),
     )
-    docs = render(gpu_job(), options)
+    docs = render(gpu_job(), derive_worker_configs(gpu_job()), options)
     head = one(docs, "RayCluster")["spec"]["headGroupSpec"]["template"]["spec"]
     driver = one(docs, "Job")["spec"]["template"]["spec"]
     for pod in (head, driver):

@@ -11,20 +11,14 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 from e2e_cluster import Cluster, fresh_namespace, wait_for
-
-if TYPE_CHECKING:  # pytest loads it, as a plugin, below
-    from real_node_fixtures import RealCluster
+from real_node_fixtures import REAL_NODE_MARKS, RealCluster
 
 pytest_plugins = ["real_node_fixtures"]
-pytestmark = [
-    pytest.mark.cluster,
-    pytest.mark.node,
-    pytest.mark.serial,
-]
+pytestmark = [*REAL_NODE_MARKS]
 
 IMAGE = "rljob.e2e/busybox:local"
 BRIDGE = "rljob0"

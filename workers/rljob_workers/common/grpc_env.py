@@ -7,13 +7,13 @@ import os
 from collections.abc import MutableMapping
 
 GRPC_PROCESS_ENV = {
-    # grpcio 1.85 logs at INFO by default: every run ended with a "Got goaway" line when Ray stopped the
+    # grpcio 1.85 logs at INFO by default: every run would end with a "Got goaway" line when Ray stops the
     # pools' servers. GRPC_VERBOSITY=INFO or DEBUG in the environment still turns it on.
     "GRPC_VERBOSITY": "ERROR",
     # grpcio turns gRPC core's fork support on: every fork runs its handlers, which restart gRPC's
     # threads in the child. Ray forks its daemons with a preexec_fn (a plain fork, not a spawn); in a
-    # child that then closes its descriptors, those threads abort it before it execs (grpc/grpc#13998,
-    # #37259). About 1 fork in 50 while this process is busy with gRPC: a raylet or GCS that never ran.
+    # child that then closes its descriptors, those threads can abort it before it execs (grpc/grpc#13998,
+    # #37259), above all while this process is busy with gRPC: a raylet or GCS that never runs.
     # rljob never forks without exec, the one case the support is for.
     "GRPC_ENABLE_FORK_SUPPORT": "0",
 }

@@ -1,6 +1,7 @@
-"""The driver: the one process that runs a job. The `rljob` CLI and `rljob run`, the Ray launcher
-and its actors, the controller (batches, staleness, dispatch), the clients of the pools (rollout
-clients, reward router, weight sync), elastic scaling, metrics and the display.
+"""The driver process: the `rljob` command line and everything that runs in the process that drives a job
+(your shell under `rljob run`, or the KubeRay driver pod). Its rooms, from the ground up: `pools` (the
+clients of the pools), `controller` (the RL loop), `telemetry` (what a run reports), `placement` (Ray),
+`run` (a run's lifecycle), `commands` (the shell commands besides the run) and `cli`.
 
-It may import the pool servers' entry points to start them in Ray actors; no pool server imports it.
+It may import every pool server's package (its actors start them); no pool server imports it.
 """

@@ -19,8 +19,10 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 def cmd_validate(args: argparse.Namespace) -> int:
     """Validate RLJob files; print every broken rule with its field (--deep: and the set-up checks)."""
     from rljob_api import resolve_algorithm
-    from rljob_workers.driver.gpu_fit import check_colocate_fits
-    from rljob_workers.driver.setup import SetupError, load_job_file, prepare
+    from rljob_workers.driver.errors import SetupError
+    from rljob_workers.driver.run.gpu_fit import check_colocate_fits
+    from rljob_workers.driver.run.plan import load_job_file, plan_job
+    from rljob_workers.driver.run.preflight import prepare
 
     failed = 0
     for path in args.files:
@@ -28,7 +30,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             job = load_job_file(path)
             fits = True
             if args.deep:
-                prepare(job, None, rollout_python=args.rollout_python)
+                prepare(plan_job(job, job_file=path, rollout_python=args.rollout_python))
                 fits = check_colocate_fits(job, gpu_bytes=args.gpu_memory)
         except (RLJobInvalid, SetupError) as exc:
             print(exc, file=sys.stderr)
@@ -73,28 +75,46 @@ def cmd_make_model(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Run an RLJob on this machine: all pools local, on Ray."""
-    from rljob_workers.driver.local import run_local
+    from rljob_workers.driver.errors import SetupError
+    from rljob_workers.driver.run.command import run_command
+    from rljob_workers.driver.run.plan import load_job_file, plan_job
 
-    return run_local(args)
+    try:
+        plan = plan_job(
+            load_job_file(args.file),
+            job_file=args.file,
+            output=args.output,
+            steps=args.steps,
+            resume=args.resume,
+            cluster=args.cluster,
+            display=not args.no_display,
+            metrics_port=args.metrics_port,
+            stop_timeout=args.stop_timeout,
+            rollout_python=args.rollout_python,
+        )
+    except (RLJobInvalid, SetupError) as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    return run_command(plan)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Print the status of a running controller (its ControlService)."""
-    from rljob_workers.driver.local import print_status
+    from rljob_workers.driver.commands.status import print_status
 
     return print_status(args.address, token_file=args.token_file, secret=args.secret, namespace=args.namespace)
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     """Export a checkpoint's policy as a Hugging Face model folder (safetensors, tokenizer, chat template)."""
-    from rljob_workers.driver.export import run_export
+    from rljob_workers.driver.commands.export import run_export
 
     return run_export(args.checkpoint, args.out, args.dtype, args.tokenizer)
 
 
 def gpu_memory(text: str) -> int:
     """--gpu-memory's bytes; argparse names the option and the text it refuses."""
-    from rljob_api.colocate import parse_bytes
+    from rljob_api.colocate_fit import parse_bytes
 
     try:
         return parse_bytes(text)
@@ -107,7 +127,7 @@ def add_rollout_python(parser: argparse.ArgumentParser) -> None:
         "--rollout-python",
         default=os.environ.get("RLJOB_ROLLOUT_PYTHON") or None,
         metavar="PYTHON",
-        help="interpreter of the rollout replicas: an engine's own environment (envs/vllm.sh prints vLLM's); "
+        help="interpreter of the rollout replicas: an engine's own runtime (runtimes/vllm.sh prints vLLM's); "
         "default $RLJOB_ROLLOUT_PYTHON, else this one",
     )
 
@@ -156,18 +176,7 @@ def add_export_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rljob", description="LLM reinforcement learning, one RLJob at a time.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    commands: dict[str, Callable[[argparse.Namespace], int]] = {}
-
-    def add(name: str, fn: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
-        commands[name] = fn
-        p = sub.add_parser(name, help=(fn.__doc__ or "").strip().splitlines()[0])
-        p.set_defaults(fn=fn)
-        return p
-
-    p = add("validate", cmd_validate)
+def add_validate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("files", nargs="+", type=Path, help="RLJob YAML files")
     p.add_argument(
         "--deep",
@@ -183,10 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_rollout_python(p)
 
-    p = add("generate", cmd_generate)
-    p.add_argument("--root", type=Path, default=REPO_ROOT, help="repository root")
 
-    p = add("make-model", cmd_make_model)
+def add_make_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--task",
         default="arithmetic",
@@ -201,14 +208,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--eval-prompts", type=int, default=100, help="number of prompts with --eval-data")
 
-    add_run_arguments(add("run", cmd_run))
-    add_export_arguments(add("export", cmd_export))
 
-    p = add("status", cmd_status)
+def add_status_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("address", help="host:port of the controller's ControlService")
     p.add_argument("--token-file", type=Path, default=None, help="the job's token (rljob run writes <output>/token)")
     p.add_argument("--secret", default=None, help="read the token from this Secret (<job>-token) with the kubeconfig")
     p.add_argument("--namespace", default="default", help="namespace of --secret")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rljob", description="LLM reinforcement learning, one RLJob at a time.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    commands: dict[str, Callable[[argparse.Namespace], int]] = {}
+
+    def add(name: str, fn: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        commands[name] = fn
+        p = sub.add_parser(name, help=(fn.__doc__ or "").strip().splitlines()[0])
+        p.set_defaults(fn=fn)
+        return p
+
+    add_validate_arguments(add("validate", cmd_validate))
+    add("generate", cmd_generate).add_argument("--root", type=Path, default=REPO_ROOT, help="repository root")
+    add_make_model_arguments(add("make-model", cmd_make_model))
+    add_run_arguments(add("run", cmd_run))
+    add_export_arguments(add("export", cmd_export))
+    add_status_arguments(add("status", cmd_status))
     return parser
 
 
@@ -220,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def command() -> NoReturn:
     """The `rljob` command: `main`, then out without the interpreter's teardown, whose collections walk
-    every object torch, transformers and Ray made (2 s of a run's end on a 2-core machine) to free
-    memory the OS takes back anyway. Everything a command writes is closed by then; only the streams
+    every object torch, transformers and Ray made, seconds of CPU to free memory the OS takes back
+    anyway. Everything a command writes is closed by then; only the streams
     and log handlers are flushed here."""
     rc = main()
     logging.shutdown()

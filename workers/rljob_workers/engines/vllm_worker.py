@@ -147,7 +147,7 @@ class WeightReceiver:
     def _rljob_refresh_tied_head(self) -> None:
         """vLLM 0.32's CPU backend: with tied embeddings a checkpoint has no lm_head.weight, so a reload never
         re-processes the output layer, whose matmul reads a packed copy of the embedding made at load: its
-        logits kept the old weights (log-probs about 1 nat off). Its post-load processing is run again."""
+        logits would keep the old weights. Its post-load processing is run again."""
         if self._rljob_device().type != "cpu":
             return
         model = self.model_runner.get_model()  # type: ignore[attr-defined]

@@ -6,20 +6,20 @@ base* for the arithmetic task: a short supervised warm-up in which the label is 
 bare correct answer only with probability ``p_correct`` (15%) and otherwise the same sum
 in one of three wrong forms an LM plausibly produces: a leading zero (``"081"``), a
 magnitude slip (``"810"``) or a failure to stop (``"8181"``). Every label carries the exact
-sum, so the model learns the arithmetic itself, while sampling at temperature 1 earns an
-exact-match reward of only about 0.1-0.15. GRPO lifts that past 0.8 within a few dozen steps,
-because the correct answer is in the policy's support and the fix is one behaviour shared
-by all prompts. (Value noise, such as a random digit in place of a right one, was tried
-and rejected: it taught the model worse arithmetic and capped the reward RL could reach.)
+sum, so the model learns the arithmetic itself, while sampling at temperature 1 earns a low
+exact-match reward (about ``p_correct``). GRPO lifts it within a short run, because the
+correct answer is in the policy's support and the fix is one behaviour shared by all
+prompts. (Not value noise, such as a random digit in place of a right one: it teaches the
+model worse arithmetic and caps the reward RL can reach.)
 
 The ``arithmetic-chat`` task builds the same model as a chat model: its tokenizer carries a
 chat template (`CHAT_TEMPLATE`) and the warm-up reads each problem as the template renders it
 under the task's system prompt (longer prompts: more warm-up steps), so templated prompts are tested
 for real.
 
-The build is deterministic given the spec (on one machine and thread count) and takes
-about 35 s of one CPU core. It is idempotent: a marker file records the spec's digest,
-and a directory whose marker matches is returned as it is.
+The build is deterministic given the spec (on one machine and thread count) and is a training
+run of its own, too slow to repeat for every use. So it is idempotent: a marker file records
+the spec's digest, and a directory whose marker matches is returned as it is.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class TinyModelSpec:
     lr: float = 3e-3
     p_correct: float = 0.15
     # One intra-op thread: at this size a second buys little on an idle machine and, on a
-    # busy one, OpenMP's spinning threads made a build 10x slower. The bits depend on it.
+    # busy one, OpenMP's spinning threads slow a build down many times over. The bits depend on it.
     threads: int = 1
 
     def digest(self) -> str:

@@ -1,6 +1,6 @@
 """The reward pool: reward functions of four kinds (rule, remote, disrm, genrm), the RewardService server,
 the serve-a-function helper and the replica's metrics. The driver's client of this pool, the router, lives in
-`rljob_workers.driver.reward_router`.
+`rljob_workers.driver.pools.reward.router`.
 
 disrm and genrm live in their own modules (`.disrm`, `.genrm`), imported only by a job that uses them.
 """

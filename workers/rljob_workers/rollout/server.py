@@ -128,7 +128,7 @@ class RolloutServicer(pb_grpc.RolloutServiceServicer):
         self.token = token  # the job's: sent when pulling weights from the trainer's WeightService
         self.draining = False
         self.in_flight = 0  # samples asked for and not yet streamed back
-        self.max_completions_per_message = 0  # 0: all that finished together (1: one per message, as before)
+        self.max_completions_per_message = 0  # 0: all that finished together (1: one per message)
         self._calls = 0
         self._idle = asyncio.Event()
         self._idle.set()

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 # Default operand range, inclusive: two-digit operands, so every prompt has one layout
-# ("ab+cd="), and two-digit sums; small enough for a tiny model to learn in seconds.
+# ("ab+cd="), and two-digit sums; small enough for a tiny model to learn quickly.
 MIN_OPERAND = 10
 MAX_OPERAND = 49
 

@@ -114,7 +114,7 @@ class PolicyTrainer:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
             # The mesh on the trainer's own device type: fully_shard's default mesh is CUDA wherever a GPU is
-            # visible, which moved a CPU trainer's shards onto it
+            # visible, which would move a CPU trainer's shards onto it
             mesh = init_device_mesh(self.device.type, (self.world_size,))
             # FSDP casts the fp32 shards to the compute dtype for forward and backward, and reduces in fp32
             precision = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)

@@ -1,8 +1,8 @@
 """What the controller hands the trainer, the advantages it computes for it (group-relative,
 leave-one-out; DAPO's overlong penalty on the rewards first), and the trainer ranks' metrics it combines.
 
-Plain Python, no torch: the driver imports this, and a driver without torch starts about a
-CPU-second sooner, on the same cores the pools are starting on (`benchmarks/overhead`).
+Plain Python, no torch: the driver imports this, and importing torch would cost the driver CPU time
+on the same cores the pools are starting on (`benchmarks/overhead`).
 """
 
 from __future__ import annotations

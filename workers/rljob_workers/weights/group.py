@@ -278,8 +278,8 @@ class WeightGroup:
 
 def _own_failure(work: dist.Work) -> RuntimeError | None:
     """A completed operation's own error, None when it succeeded: a slice of `wait` can run out just as the
-    operation ends, and gloo's "Operation timed out!" is then no verdict on it (seen in CI: a trainer's broadcast
-    failed the run while its replica had taken the version)."""
+    operation ends, and gloo's "Operation timed out!" is then no verdict on it (taken as one, a trainer's broadcast
+    would fail the run while its replica had taken the version)."""
     try:
         work.wait()
     except RuntimeError as error:

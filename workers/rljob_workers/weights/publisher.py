@@ -32,12 +32,11 @@ from rljob_workers.common.grpc_server import MAX_MESSAGE_BYTES, Service
 from rljob_workers.weights.buckets import BucketPlan, TensorSlot, dtype_name, pack, plan_for
 from rljob_workers.weights.group import WeightGroup
 
-# Bucket size when none is given. On CPU (gloo), 8 MiB measured best in benchmarks/weight_sync
-# (4 MiB to 256 MiB tried): packing bucket i+1 overlaps sending bucket i from the first bucket
-# on, and a replica receiving into new buckets is faster in 8 MiB pieces than in large ones;
-# the ~40 collectives this makes for a 100 M model cost little. On CUDA (NCCL) larger
-# messages are needed to reach bus bandwidth and the caching allocator makes buffers cheap;
-# 256 MiB there is the usual choice, not measured here.
+# Bucket size when none is given. On CPU (gloo), small buckets of 8 MiB (benchmarks/weight_sync): packing
+# bucket i+1 overlaps sending bucket i from the first bucket on, and a replica receiving into new
+# buckets is faster in small pieces than in large ones; the extra collectives this makes cost
+# little. On CUDA (NCCL) larger messages are needed to reach bus bandwidth and the caching
+# allocator makes buffers cheap; 256 MiB there is the usual choice, not measured here.
 CPU_BUCKET_BYTES = 8 * 1024 * 1024
 CUDA_BUCKET_BYTES = 256 * 1024 * 1024
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024

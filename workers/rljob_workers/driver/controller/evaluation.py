@@ -25,8 +25,9 @@ from rljob_workers.driver.controller.data import Prompt, chat_prompts, chat_rows
 from rljob_workers.driver.controller.eval_report import EvalReport, EvalSample, summarize
 from rljob_workers.driver.controller.groups import Sample
 from rljob_workers.driver.controller.messages import received_sample, reward_request
-from rljob_workers.driver.controller.report import RunFailed, Scorer
-from rljob_workers.driver.controller.rollout_clients import Replica, ReplicaLost, RolloutClients
+from rljob_workers.driver.controller.protocols import Scorer
+from rljob_workers.driver.controller.report import RunFailed
+from rljob_workers.driver.pools.rollout import Replica, ReplicaLost, RolloutClients
 
 log = logging.getLogger(__name__)
 

@@ -34,26 +34,20 @@ from rljob_workers.driver.controller.batch import informative, train_batch
 from rljob_workers.driver.controller.data import Prompt, PromptSource
 from rljob_workers.driver.controller.evaluation import Evaluation
 from rljob_workers.driver.controller.groups import Group, GroupTracker, Sample, dispatch_allowed, staleness
-from rljob_workers.driver.controller.idle import BusyClock
 from rljob_workers.driver.controller.messages import contiguous_runs, generate_request, received_sample
-from rljob_workers.driver.controller.report import (
-    Counts,
-    NothingToLearn,
-    RunFailed,
-    Scorer,
-    StepReport,
-    Trainer,
-)
-from rljob_workers.driver.controller.rollout_clients import Replica, ReplicaLost, RolloutClients
+from rljob_workers.driver.controller.protocols import Scorer, Trainer
+from rljob_workers.driver.controller.report import Counts, NothingToLearn, RunFailed, StepReport
 from rljob_workers.driver.controller.scoring import RewardScoring
 from rljob_workers.driver.controller.step_report import step_report
+from rljob_workers.driver.pools.busy import BusyClock
+from rljob_workers.driver.pools.rollout import Replica, ReplicaLost, RolloutClients
 from rljob_workers.trainer.checkpoint import step_dir
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class Controller(RewardScoring):
+class Controller:
     config: ControllerConfig
     prompts: PromptSource
     rollout: RolloutClients
@@ -77,12 +71,11 @@ class Controller(RewardScoring):
     _in_training: int = 0
     trainer_busy: BusyClock = field(default_factory=BusyClock)  # a train step or its weight sync is running
     _held: dict[str, list[Sample]] = field(default_factory=dict)  # generated, not yet sent to reward
-    _waiting: set[str] = field(default_factory=set)  # samples retried under onError: wait
-    _wait_reason: str = ""  # the newest reward error that made a sample wait
     _release: asyncio.Task[None] | None = None  # the last step's groups, released once its version is out
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
+        self.scoring = RewardScoring(self.config, self.scorer, self.counts, self.tracker, self._changed, self.fail)
         if self.algo.dynamic_sampling.enabled:  # DAPO: a group with nothing to learn frees its place at once
             budget = self.config.sampling.max_new_tokens
             self.tracker.informative = lambda group: informative(group, self.algo, budget)
@@ -98,7 +91,7 @@ class Controller(RewardScoring):
         """Train until totalSteps; raises RunFailed if a sample's reward fails under onError: fail."""
         self._started = time.monotonic()
         # What exists now (imports, configs, clients) lives for the run: frozen, it is left out of the
-        # collector's scans, which took a fifth of the controller's CPU (benchmarks/controller).
+        # collector's scans, which would otherwise walk it again and again (benchmarks/controller).
         gc.collect()
         gc.freeze()
         dispatcher = asyncio.create_task(self._dispatch_loop())
@@ -268,10 +261,10 @@ class Controller(RewardScoring):
         while True:
             async with self._changed:
                 await self._changed.wait_for(lambda: self._may_dispatch() and self.rollout.pick() is not None)
-                # One prompt group per Generate call. Sharing a call among every prompt that may start
-                # (tried: 20% less controller CPU per sample) made generation bursty: the whole staleness
-                # window came out of one engine batch, and in CI's e2e run the elastic reward pool
-                # never shrank. The slot is taken here, so that the next pick sees it.
+                # One prompt group per Generate call: a call shared among every prompt that may start
+                # would make generation bursty (the whole staleness window out of one engine batch),
+                # and the reward pool's backlog with it. The slot is taken here, so that the next pick
+                # sees it.
                 replica = self.rollout.pick()
                 assert replica is not None  # the wait's condition
                 prompt = self.prompts.next()
@@ -328,7 +321,7 @@ class Controller(RewardScoring):
         if not samples:
             return
         if self.config.reward_dispatch == "sample":
-            self._spawn(self._score(prompt, samples))
+            self._spawn(self.scoring.score(prompt, samples))
         else:
             self._held.setdefault(prompt.prompt_id, []).extend(samples)
             self._release_held()
@@ -343,7 +336,7 @@ class Controller(RewardScoring):
         if self.config.reward_dispatch == "batch" and batch_incomplete:
             return  # the batch is still being generated
         for prompt_id in generated:
-            self._spawn(self._score(self.tracker.groups[prompt_id].prompt, self._held.pop(prompt_id)))
+            self._spawn(self.scoring.score(self.tracker.groups[prompt_id].prompt, self._held.pop(prompt_id)))
 
     # ---- failure and state ---------------------------------------------------------------
     def fail(self, message: str) -> None:
@@ -372,3 +365,8 @@ class Controller(RewardScoring):
             "data": self.prompts.state(),
             "counts": asdict(self.counts),
         }
+
+    @property
+    def waiting_for_reward(self) -> tuple[int, str]:
+        """Samples whose reward is retried under onError: wait now, and the newest error that made one wait."""
+        return self.scoring.waiting_for_reward

@@ -1,13 +1,9 @@
-"""What the controller reports and what it needs of the pools: its counts, each step's report,
-the failure that ends a run, and the trainer and scorer protocols."""
+"""What the controller reports: its counts, each step's report, the samples it logs, and the failure that
+ends a run."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
-
-from rljob.v1 import sample_pb2
-from rljob_workers.trainer.samples import TrainSample
 
 
 class RunFailed(RuntimeError):
@@ -17,20 +13,6 @@ class RunFailed(RuntimeError):
 class NothingToLearn(RunFailed):
     """Dynamic sampling dropped more groups for one step than maxExtraGroups allows: every reward the
     policy earns on the data is the same, so no step can be filled with groups to learn from."""
-
-
-class Trainer(Protocol):
-    """What the controller needs of the trainer pool (Ray actors behind it)."""
-
-    async def train_step(self, samples: list[TrainSample]) -> dict[str, float]: ...
-    async def save_checkpoint(self, step: int, version: int, controller_state: dict[str, Any]) -> str: ...
-
-
-class Scorer(Protocol):
-    """What the controller needs of the reward pool (the router)."""
-
-    async def score(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore: ...
-    async def score_many(self, samples: list[sample_pb2.RewardSample]) -> list[sample_pb2.SampleScore]: ...
 
 
 @dataclass

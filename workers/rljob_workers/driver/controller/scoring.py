@@ -1,18 +1,21 @@
 """The controller's reward side: each sample scored once, retried, waited for or excluded under the
-reward pool's onError policy (a part of `Controller`, in its own module)."""
+reward pool's onError policy. The controller hands a sample over once it is generated and learns the
+outcome through the group tracker it shares, under the condition it waits on."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 
 from rljob.v1 import sample_pb2
 from rljob_api.workercfg import ControllerConfig
 from rljob_workers.driver.controller.data import Prompt
 from rljob_workers.driver.controller.groups import GroupTracker, Sample
 from rljob_workers.driver.controller.messages import reward_request
-from rljob_workers.driver.controller.report import Counts, Scorer
+from rljob_workers.driver.controller.protocols import Scorer
+from rljob_workers.driver.controller.report import Counts
 
 log = logging.getLogger(__name__)
 
@@ -22,20 +25,24 @@ WAIT_BACKOFF_CAP_SECONDS = 5.0
 
 
 class RewardScoring:
-    """Scoring of the controller's samples. `Controller` holds the state named here (its fields)."""
+    """Scores the controller's samples. `changed` is the controller's condition: every score, exclusion and
+    failure is recorded under it and wakes its waiters; `fail` ends the run (the controller's)."""
 
-    config: ControllerConfig
-    scorer: Scorer
-    counts: Counts
-    tracker: GroupTracker
-    _changed: asyncio.Condition
-    _waiting: set[str]  # samples retried under onError: wait
-    _wait_reason: str  # the newest reward error that made a sample wait
+    def __init__(
+        self,
+        config: ControllerConfig,
+        scorer: Scorer,
+        counts: Counts,
+        tracker: GroupTracker,
+        changed: asyncio.Condition,
+        fail: Callable[[str], None],
+    ) -> None:
+        self.config, self.scorer, self.counts, self.tracker = config, scorer, counts, tracker
+        self._changed, self.fail = changed, fail
+        self._waiting: set[str] = set()  # samples retried under onError: wait
+        self._wait_reason = ""  # the newest reward error that made a sample wait
 
-    def fail(self, message: str) -> None:
-        raise NotImplementedError  # Controller's
-
-    async def _score(self, prompt: Prompt, samples: list[Sample]) -> None:
+    async def score(self, prompt: Prompt, samples: list[Sample]) -> None:
         """Score samples ready together in one call to the scorer and one update of their group; a
         sample whose reward failed is retried, waited for or excluded on its own (onError)."""
         requests = [reward_request(prompt, sample) for sample in samples]

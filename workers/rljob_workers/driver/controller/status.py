@@ -17,7 +17,7 @@ from rljob_workers.driver.controller.report import StepReport
 
 
 class Restarts(Protocol):
-    """What the status shows of the driver's RestartHistory (supervisor.py, above this package)."""
+    """What the status shows of the driver's RestartHistory (run/supervision.py, a room above this one)."""
 
     run_id: str
     entries: list[pb.Restart]

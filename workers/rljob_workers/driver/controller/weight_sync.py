@@ -27,7 +27,7 @@ from typing import Any, Protocol, TypeVar
 import grpc
 
 from rljob.v1 import rollout_service_pb2 as pb
-from rljob_workers.driver.controller.rollout_clients import Replica, RolloutClients
+from rljob_workers.driver.pools.rollout import Replica, RolloutClients
 
 log = logging.getLogger(__name__)
 

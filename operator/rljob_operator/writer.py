@@ -1,0 +1,130 @@
+"""The one writer of an RLJob's children: it renders them from the spec and the job's `Desired` state
+(desired.py: the reward group's size, whether the run has ended), applies them (server-side apply,
+idempotent) and deletes what must not exist (suspend: the pools and the driver; a finished run: the
+pools). It also makes the job's token Secret once, and reads the token back for the controller's client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import secrets
+from collections.abc import Mapping
+from typing import Any
+
+from rljob_api import RLJob
+from rljob_api.workercfg import WorkerConfigs
+
+from .context import Context, key_of, owner_of
+from .desired import Desired
+from .events import post
+from .names import JOB_TOKEN_KEY, driver_name, ray_cluster_name, token_secret_name
+from .observe import reward_group
+from .options import Owner
+from .render import POOL_KINDS, absent_kinds, finish, render, render_pools, render_token_secret
+
+
+async def write_children(
+    ctx: Context,
+    job: RLJob,
+    configs: WorkerConfigs,
+    body: Mapping[str, Any],
+    desired: Desired,
+    *,
+    pools_only: bool = False,
+) -> None:
+    """The one writer of an RLJob's children: render them from the spec (and its worker `configs`, derived once
+    per reconcile) and `desired`, apply, and delete those that must not exist. The caller holds the job's
+    lock.
+
+    Every child (the handlers), in dependency waves. `pools_only` (a refresh): only the pools, and only
+    where their rendering differs from what this process last wrote; nothing for a job no handler has
+    written yet in this process (after a restart the resume handler writes it first).
+    """
+    key = key_of(job)
+    written = ctx.pools.get(key)
+    if pools_only and written is None:
+        return
+    owner = owner_of(body)
+    if pools_only:
+        docs = render_pools(job, ctx.config.render, desired.reward, desired.finished, owner)
+        waves: tuple[tuple[str, ...], ...] = (POOL_KINDS,)
+    else:
+        docs = render(job, configs, ctx.config.render, owner=owner, reward=desired.reward, finished=desired.finished)
+        # The pools first (they need nothing else to be scheduled: their pods use no account of ours), then
+        # what others need (the driver's ServiceAccount and ConfigMap; the Role, which a RoleBinding is
+        # checked against), then the rest at once.
+        # The NetworkPolicy goes with them, so that no pod of the job is ever open to other pods.
+        waves = (
+            (*POOL_KINDS, "NetworkPolicy"),
+            ("ServiceAccount", "ConfigMap", "Role"),
+            ("RoleBinding", "Service", "Job"),
+        )
+    written = ctx.pools.setdefault(key, {})
+    if not pools_only:
+        await ensure_token(ctx, job, owner)
+    for wave in waves:
+        todo = [d for d in docs if d["kind"] in wave and not (pools_only and written.get(d["kind"]) == d)]
+        await asyncio.gather(*(_apply(ctx, body, d, written, urgent=wave is waves[0]) for d in todo))
+    names = {"RayCluster": ray_cluster_name(job), "Job": driver_name(job)}
+    for kind in absent_kinds(job, finished=desired.finished):
+        if pools_only and (kind not in POOL_KINDS or written.get(kind) is None):
+            continue
+        if await ctx.kube.delete(kind, job.metadata.namespace, names[kind]):
+            await post(ctx, body, "Normal", *_deleted(job, kind, names[kind]))
+        if kind in POOL_KINDS:
+            written[kind] = None
+
+
+async def ensure_token(ctx: Context, job: RLJob, owner: Owner) -> None:
+    """Make the job's token Secret once (a random token); one that exists is kept, if it is this job's."""
+    key = key_of(job)
+    if key in ctx.tokens:
+        return
+    token = secrets.token_urlsafe(32)
+    if await ctx.kube.create(finish(render_token_secret(job, token), job, owner)):
+        ctx.tokens[key] = token
+        return
+    found = await ctx.kube.get("Secret", job.metadata.namespace, token_secret_name(job)) or {}
+    owners = [ref.get("uid") for ref in (found.get("metadata") or {}).get("ownerReferences") or []]
+    if owner.uid not in owners:
+        # Whoever made it knows the token: the job's pools must not trust it.
+        raise RuntimeError(
+            f"Secret {job.metadata.namespace}/{token_secret_name(job)} exists and is not this RLJob's; "
+            "delete it (the operator makes the job's token)"
+        )
+
+
+async def job_token(ctx: Context, job: RLJob) -> str | None:
+    """The job's token, from its Secret (read once); None while there is none."""
+    key = key_of(job)
+    if key not in ctx.tokens:
+        found = await ctx.kube.get("Secret", job.metadata.namespace, token_secret_name(job))
+        data = (found or {}).get("data") or {}
+        if JOB_TOKEN_KEY not in data:
+            return None
+        ctx.tokens[key] = base64.b64decode(data[JOB_TOKEN_KEY]).decode().strip()
+    return ctx.tokens[key]
+
+
+async def _apply(
+    ctx: Context, body: Mapping[str, Any], doc: dict[str, Any], written: dict[str, dict[str, Any] | None], urgent: bool
+) -> None:
+    """Apply one child; for the pools, keep what was written and announce a changed reward group."""
+    await ctx.kube.apply(doc, urgent=urgent)
+    kind = doc["kind"]
+    if kind not in POOL_KINDS:
+        return
+    before, written[kind] = written.get(kind), doc
+    if before is None or reward_group(before) == reward_group(doc):
+        return
+    (was, _), (now, to_delete) = reward_group(before), reward_group(doc)
+    removed = f", removing drained {', '.join(to_delete)}" if to_delete else ""
+    await post(ctx, body, "Normal", "RewardScaled", f"reward replicas {was} -> {now}{removed}")
+
+
+def _deleted(job: RLJob, kind: str, name: str) -> tuple[str, str]:
+    """The reason and message of the Event on deleting a child."""
+    if job.spec.suspend:
+        return "Suspended", f"deleted {kind} {name}"
+    return "PoolsReleased", f"the run ended; its {kind} {name} is deleted, the driver Job kept"

@@ -1,0 +1,164 @@
+"""The job's pools as one run session holds them: each pool's Ray actors, the controller's clients of them
+(rollout clients, reward router), the weight sync, the elastic reward pool and the supervisors that replace a
+dead replica. Started together, told apart only by what each pool serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from rljob_workers.common.auth import JobToken
+from rljob_workers.driver.controller.weight_sync import WeightSync
+from rljob_workers.driver.placement import runtimes
+from rljob_workers.driver.placement.launcher import (
+    ActorPool,
+    RayTrainer,
+    pool_started,
+    reward_pool,
+    rollout_pool,
+    worker_env,
+)
+from rljob_workers.driver.pools.elastic import ElasticRewardPool
+from rljob_workers.driver.pools.reward.router import RewardRouter
+from rljob_workers.driver.pools.rollout import RolloutClients
+from rljob_workers.driver.run.plan import RunPlan
+from rljob_workers.driver.run.supervision import PoolSupervisor, Restart
+
+# Longest wait for the pools' replicas to stop cleanly at the run's end (each is killed after its own grace).
+STOP_ALL_SECONDS = 30
+
+
+class JobPools:
+    """Rollout, reward and trainer: their actors and the controller's clients of them."""
+
+    def __init__(self, plan: RunPlan) -> None:
+        self.plan = plan
+        configs, cpus = plan.configs, plan.pool_cpus
+        self.rollout: ActorPool = rollout_pool(configs, cpus["rollout"])
+        self.rollout.interpreter = runtimes.runtime_env(plan.rollout_python)  # an engine's own runtime
+        self.reward: ActorPool = reward_pool(configs, cpus["reward"])
+        self.clients = RolloutClients(configs.rollout.max_concurrent_prompts)
+        self.router = RewardRouter(replica_timeout=configs.controller.reward_timeout_seconds)
+        self.actor_env: dict[str, str] | None = None  # each actor's own environment (a cluster's)
+        self.trainer: RayTrainer | None = None
+        self.weight_sync: WeightSync | None = None
+        self.elastic: ElasticRewardPool | None = None
+
+    def use_token(self, token: JobToken) -> None:
+        """Every pool serves with `token`; every client of the run sends it. On a cluster each actor carries
+        the pools' environment; locally the Ray node was started with it (`ray_node.init_local_ray`)."""
+        self.actor_env = worker_env(token.path) if self.plan.cluster else None
+        self.rollout.env = self.reward.env = self.actor_env
+        self.clients.token = self.router.token = token.value
+
+    async def start(self, resume_dir: Path | None) -> RayTrainer:
+        """Every pool at once (a replica's start is mostly its process importing and loading); the trainer."""
+        c, cpus, model = self.plan.configs, self.plan.pool_cpus, f"spec.model.path: {self.plan.job.spec.model.path}"
+        rollouts, rewards = c.controller.rollout_replicas, max(c.controller.reward_replicas.min, 1)
+        group = await self.rollout.share_gpus_with_trainer(c, cpus["trainer"])  # None unless spec.colocate
+        replicas = asyncio.gather(
+            *(pool_started("rollout", model, self.rollout.add()) for _ in range(rollouts)),
+            *(pool_started("reward", "spec.reward.functions", self.reward.add()) for _ in range(rewards)),
+        )
+        if group is not None:  # colocated: vLLM sizes its share by the memory free at its start, so it goes first
+            await replicas
+        resume = str(resume_dir) if resume_dir else None
+        trainer_started = RayTrainer.start(c, cpus["trainer"], resume, self.actor_env, group)
+        started, trainer = await asyncio.gather(replicas, pool_started("trainer", model, trainer_started))
+        for name, address in started[:rollouts]:
+            self.clients.add(name, address)
+        for name, address in started[rollouts:]:
+            await self.router.add_replica(name, address)
+        self.trainer = trainer
+        return trainer
+
+    async def sync_first_weights(self, version: int) -> WeightSync:
+        """Publish the trainer's weights as `version` and bring every rollout replica to it."""
+        c = self.plan.configs
+        assert self.trainer is not None
+        backend = c.controller.weight_sync.backend
+        if backend == "auto":
+            backend = "nccl" if c.rollout.gpus > 0 and c.trainer.gpus_per_node > 0 and not c.colocate else "gloo"
+        sync = self.weight_sync = WeightSync(
+            self.trainer, self.clients, backend, c.controller.weight_sync.timeout_seconds
+        )
+        await sync.publish_initial(version)
+        if version > 0:
+            await asyncio.gather(*(sync.catch_up(r, version) for r in self.clients.live()))
+        return sync
+
+    def start_elastic(self, arrivals: Callable[[], int]) -> ElasticRewardPool:
+        """The reward pool, sized by the elastic policy from now on (`arrivals`: samples sent to reward so far)."""
+        c = self.plan.configs.controller
+        self.elastic = ElasticRewardPool(
+            self.router,
+            self.reward,
+            c.reward_replicas,
+            c.reward_scaling,
+            arrivals=arrivals,
+            drain_timeout=c.reward_timeout_seconds,
+        )
+        self.elastic.desired = len(self.reward.actors)
+        return self.elastic
+
+    def supervisors(
+        self, on_restart: Callable[[Restart], None], wake: Callable[[], Awaitable[None]]
+    ) -> list[PoolSupervisor]:
+        """Who replaces a dead replica of each gRPC pool (see `supervision`); `wake` tells the controller that
+        a new rollout replica serves."""
+        restarts = self.plan.configs.controller.max_restarts
+
+        async def attach_rollout(name: str, address: str) -> None:
+            """A new rollout replica pulls the current weights before the controller may pick it."""
+            replica = self.clients.add(name, address)
+            replica.alive = False
+            assert self.weight_sync is not None
+            await self.weight_sync.catch_up(replica, self.weight_sync.published)
+            replica.alive = True
+            await wake()  # prompts waiting for a replica may go now
+
+        async def detach_reward(name: str, cause: str) -> None:
+            self.router.drop_replica(name, cause)
+
+        rollout = PoolSupervisor(
+            self.rollout,
+            restarts["rollout"],
+            lost=lambda name: name in self.clients.replicas and not self.clients.replicas[name].alive,
+            attach=attach_rollout,
+            detach=lambda name, cause: self.clients.remove(name),
+            on_restart=on_restart,
+        )
+        reward = PoolSupervisor(
+            self.reward,
+            restarts["reward"],
+            lost=lambda name: not self.router.has_replica(name),
+            attach=self.router.add_replica,
+            detach=detach_reward,
+            on_restart=on_restart,
+            lock=self.elastic.lock if self.elastic is not None else asyncio.Lock(),
+        )
+        return [rollout, reward]
+
+    def sizes(self) -> dict[str, tuple[int, int, list[str]]]:
+        """Each pool's (desired, ready, drained replicas), as the status reports them."""
+        c = self.plan.configs
+        reward: tuple[int, int, list[str]] = (len(self.reward.actors), len(self.reward.actors), [])
+        if self.elastic is not None:
+            reward = (self.elastic.desired, self.elastic.ready(), list(self.elastic.drained))
+        return {
+            "rollout": (c.controller.rollout_replicas, len(self.clients.live()), []),
+            "trainer": (c.trainer.world_size, c.trainer.world_size, []),
+            "reward": reward,
+        }
+
+    async def stop(self) -> None:
+        """Close the clients, then stop every replica (each killed if it does not stop in time)."""
+        with contextlib.suppress(Exception):
+            await self.router.close()
+        with contextlib.suppress(Exception):
+            await self.clients.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(asyncio.gather(self.rollout.stop_all(), self.reward.stop_all()), STOP_ALL_SECONDS)

@@ -1,0 +1,264 @@
+"""One run session: start the pools on Ray, wire the controller to them, report, stop cleanly. The same
+session runs under `rljob run` on one machine (a local Ray node) and in a KubeRay driver pod (the cluster's
+Ray); `command.run_with_restarts` starts a new one, resumed, when the trainer group dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from rljob.v1 import control_service_pb2 as control_pb
+from rljob.v1 import control_service_pb2_grpc as control_grpc
+from rljob_workers.common.grpc_server import RunningServer, Service, start_server
+from rljob_workers.driver.controller.evaluation import evaluation_for
+from rljob_workers.driver.controller.loop import Controller
+from rljob_workers.driver.controller.report import Counts, RunFailed, StepReport
+from rljob_workers.driver.controller.status import ControlServicer, RunView, final_status_message
+from rljob_workers.driver.errors import first_line
+from rljob_workers.driver.placement.launcher import worker_env
+from rljob_workers.driver.placement.ray_node import init_local_ray, init_ray, shutdown_ray
+from rljob_workers.driver.run import summary
+from rljob_workers.driver.run.plan import RunPlan
+from rljob_workers.driver.run.pools import JobPools
+from rljob_workers.driver.run.rundir import job_token, lock_run_folders, starting_point
+from rljob_workers.driver.run.stopping import SignalStop
+from rljob_workers.driver.run.supervision import (
+    PoolSupervisor,
+    Restart,
+    RestartHistory,
+    TrainerWatch,
+    failed_run_exit_code,
+    supervise,
+)
+from rljob_workers.driver.telemetry.files import METRICS_JSONL, REWARD_CURVE
+from rljob_workers.driver.telemetry.live import RunTelemetry
+from rljob_workers.driver.telemetry.metrics import plot_rewards
+from rljob_workers.driver.telemetry.trackers import Trackers
+
+log = logging.getLogger("rljob")
+
+
+class RunSession:
+    """Everything one run of the plan starts, so that it can all be stopped again. `step_hook` is told of each
+    train step (tests and benchmarks watch the run through it)."""
+
+    def __init__(
+        self,
+        plan: RunPlan,
+        *,
+        history: RestartHistory | None = None,
+        trackers: Trackers | None = None,
+        step_hook: Callable[[RunSession, StepReport], None] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.lock_folders = True  # False: the caller holds them (across trainer restarts)
+        self.history = history or RestartHistory()
+        self.step_hook = step_hook
+        self.signals = SignalStop(plan.stop_timeout)
+        self.pools = JobPools(plan)
+        self.telemetry = RunTelemetry(
+            plan.job.metadata.name,
+            plan.output,
+            display=plan.display,
+            busy_seconds=self._busy_seconds,
+            trackers=trackers,
+        )
+        self.supervisors: list[PoolSupervisor] = []
+        self.trainer_watch = TrainerWatch([])
+        self.reports: list[StepReport] = []
+        self.control: RunningServer | None = None
+        self.view: RunView | None = None
+        self.controller: Controller | None = None
+        self.plotting: asyncio.Future[Path] | None = None  # the reward curve, drawn during the shutdown
+
+    def trainer_lost_cause(self) -> str:
+        """Why the trainer group was lost, for the restart's record."""
+        return self.trainer_watch.dead or (self.view.message if self.view else "") or "the trainer group failed"
+
+    # ---- run -----------------------------------------------------------------------------
+    async def main(self) -> int:
+        plan = self.plan
+        # Before anything is read or written.
+        locks = lock_run_folders(plan.output, plan.checkpoints) if self.lock_folders else []
+        try:
+            token = plan.token or job_token(plan.output, cluster=plan.cluster)
+            self.pools.use_token(token)
+            resume_dir, state, prompts = starting_point(plan.configs, plan.output, plan.resume)
+            if plan.cluster:
+                init_ray(address="auto", logging_level=logging.WARNING)
+            elif not ray.is_initialized():  # `rljob run` starts it beside its checks (command.py)
+                init_local_ray(plan.configs, plan.pool_cpus, worker_env(token.path))
+            return await self._run_until_stopped(prompts, state, resume_dir, token.value)
+        finally:
+            for lock in locks:
+                lock.release()
+
+    async def _run_until_stopped(self, prompts: Any, state: dict[str, Any], resume_dir: Path | None, token: str) -> int:
+        self.signals.install(self._request_stop)
+        try:
+            return await self._run(prompts, state, resume_dir, token)
+        except asyncio.CancelledError:
+            if self.signals.signal is None:
+                raise
+            if self.view is not None:
+                self._summary(self.signals.exit_code, self.view)
+            return self.signals.exit_code
+        finally:
+            try:
+                await self._shutdown()
+            finally:  # signals stay ours until the end: a second one during the shutdown cuts it short
+                self.signals.uninstall()
+
+    def _request_stop(self, reason: str) -> bool:
+        """A graceful stop (see `stopping`); False while there is nothing to save yet."""
+        if self.controller is None or self.view is None:
+            return False
+        self.view.phase, self.view.message = control_pb.RUN_PHASE_STOPPING, f"stopping on {reason}"
+        self.controller.stop.set()
+        return True
+
+    async def _run(self, prompts: Any, state: dict[str, Any], resume_dir: Path | None, token: str) -> int:
+        started = time.monotonic()
+        trainer = await self.pools.start(resume_dir)
+        weight_sync = await self.pools.sync_first_weights(int(state.get("policy_version", 0)))
+        controller = self.controller = self._controller(prompts, state, weight_sync.overlapped)
+        self.history.trainer_back(controller.step)
+        view = self.view = RunView(
+            controller,
+            self.plan.configs.controller.algorithm.total_steps,
+            self.pools.sizes,
+            stop_requested=controller.stop,
+            idle=self.telemetry.idle_fractions,
+            history=self.history,
+        )
+        host = self.plan.serve_host
+        port = self.telemetry.metrics.serve(self.plan.metrics_port, host)
+        self.control = await self._serve_control(view, token)
+        log.info(
+            "pools up in %.1fs; ControlService on %s:%d, metrics on http://%s:%d/metrics, WeightService on %s",
+            *(time.monotonic() - started, host, self.control.port, host, port, trainer.weight_address),
+        )
+        view.phase = control_pb.RUN_PHASE_RUNNING
+        self.pools.start_elastic(arrivals=lambda: controller.counts.generated)
+        self.trainer_watch = TrainerWatch(trainer.actors)
+        self.supervisors = self.pools.supervisors(self._replaced, controller.wake)
+        rc = await self._drive(controller, view)
+        self.telemetry.progress.final(view.snapshot())
+        self._summary(rc, view)
+        return rc
+
+    def _controller(self, prompts: Any, state: dict[str, Any], sync_weights: Any) -> Controller:
+        config, pools = self.plan.configs.controller, self.pools
+        assert pools.trainer is not None
+        return Controller(
+            config=config,
+            prompts=prompts,
+            rollout=pools.clients,
+            scorer=pools.router,
+            trainer=pools.trainer,
+            sync_weights=sync_weights,
+            on_step=self._on_step,
+            evaluation=evaluation_for(config, pools.clients, pools.router, self.telemetry.eval_log.record),
+            step=int(state.get("step", 0)),
+            version=int(state.get("policy_version", 0)),
+            counts=Counts(**state.get("counts", {})),
+        )
+
+    async def _serve_control(self, view: RunView, token: str) -> RunningServer:
+        name = control_pb.DESCRIPTOR.services_by_name["ControlService"].full_name
+        service = Service(control_grpc.add_ControlServiceServicer_to_server, ControlServicer(view), name)
+        port = self.plan.configs.ports.control if self.plan.cluster else 0
+        return await start_server([service], self.plan.serve_host, port, token=token)
+
+    def _replaced(self, restart: Restart) -> None:
+        self.history.replaced(restart, self.controller.step if self.controller else 0)
+
+    def _on_step(self, report: StepReport) -> None:
+        self.reports.append(report)
+        if self.step_hook is not None:
+            self.step_hook(self, report)
+        if self.view is not None:
+            self.view.last = report
+        self.telemetry.step_done(report, self.view.snapshot() if self.view is not None else None)
+
+    async def _drive(self, controller: Controller, view: RunView) -> int:
+        """Run the controller to its end beside the display tick, elastic scaling and supervision; the exit
+        code."""
+        elastic = self.pools.elastic
+        assert elastic is not None
+        with self.telemetry.progress, self.telemetry.running():  # leaving it, the sample logs are written
+            background = [
+                asyncio.create_task(self.telemetry.tick(view.snapshot, self._reward_sizes)),
+                asyncio.create_task(elastic.run()),
+                asyncio.create_task(supervise(self.supervisors, self.trainer_watch, controller.fail)),
+            ]
+            try:
+                await controller.run()
+                if self.signals.signal is not None:
+                    view.message = f"stopped by {self.signals.signal.name} at step {controller.step}"
+                    return self.signals.exit_code
+                view.phase = control_pb.RUN_PHASE_SUCCEEDED
+                return 0
+            except (RunFailed, ray.exceptions.RayActorError) as exc:
+                view.phase, view.message = control_pb.RUN_PHASE_FAILED, first_line(exc) or type(exc).__name__
+                return await failed_run_exit_code(exc, self.trainer_watch)  # `rljob run` restarts a lost trainer
+            finally:
+                for task in background:
+                    task.cancel()
+
+    def _reward_sizes(self) -> tuple[int, int, int] | None:
+        elastic = self.pools.elastic
+        return None if elastic is None else (elastic.backlog(), elastic.desired, elastic.ready())
+
+    def _busy_seconds(self) -> dict[str, float]:
+        trainer = self.controller.trainer_busy.seconds() if self.controller is not None else 0.0
+        pools = self.pools
+        return {"rollout": pools.clients.busy.seconds(), "trainer": trainer, "reward": pools.router.busy.seconds()}
+
+    def _summary(self, rc: int, view: RunView) -> None:
+        summary.write_termination_message(final_status_message(view.snapshot()))
+        plan, elastic = self.plan, self.pools.elastic
+        end = summary.RunEnd(
+            rc,
+            plan.output,
+            message=view.message,
+            stopped_by=self.signals.signal.name if self.signals.signal is not None else None,
+            checkpoint=self.controller.last_checkpoint if self.controller else None,
+            job_file=plan.job_file,
+            scored=elastic.scored_by_replica() if elastic is not None else None,
+            trained=bool(self.reports),
+        )
+        if summary.plots(end):  # drawn while Ray shuts down, which mostly waits on its processes (see _shutdown)
+            title = f"rljob run: {plan.job.metadata.name}"
+            jsonl, png = plan.output / METRICS_JSONL, plan.output / REWARD_CURVE
+            self.plotting = asyncio.get_running_loop().run_in_executor(None, plot_rewards, jsonl, png, title)
+        print("\n".join(summary.summary_lines(end)), flush=True)
+
+    async def _shutdown(self) -> None:
+        try:
+            if not self.signals.hard:
+                with contextlib.suppress(Exception):
+                    if self.control is not None:
+                        await self.control.stop(None)
+                await self.pools.stop()
+        except asyncio.CancelledError:
+            pass  # a second signal: stop at once
+        finally:
+            # Its port is free again for a restart in this process. In a thread: the HTTP server's
+            # shutdown waits out its poll interval, as Ray's own shutdown waits on its processes.
+            closed = asyncio.get_running_loop().run_in_executor(None, self.telemetry.metrics.close)
+            shutdown_ray()  # ends every pool process Ray started, whatever state it is in
+            await closed
+            if self.plotting is not None:
+                try:
+                    await self.plotting
+                except Exception as exc:  # the run's outcome stands: only its picture is missing
+                    log.warning("reward curve not drawn: %s: %s", type(exc).__name__, exc)
