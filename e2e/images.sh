@@ -255,7 +255,7 @@ build_rollout_vllm_test() {
     log "rollout-vllm env: python3 -m venv + pip install the lock (about 6 GB)"
     timed "${VLLM_DIR}/times.txt" "rollout-vllm-env-deps" in_worker_test "${VLLM_DIR}/venv.tmp" "
       python3 -m venv ${VENV}
-      ${VENV}/bin/pip install --quiet --no-cache-dir --no-deps -r /src/envs/vllm/requirements.lock"
+      ${VENV}/bin/pip install --quiet --no-cache-dir --no-deps -r /src/runtimes/vllm/requirements.lock"
     touch "${VLLM_DIR}/venv.tmp/.done"
     mv "${VLLM_DIR}/venv.tmp" "${VLLM_DIR}/venv"
   fi

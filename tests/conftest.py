@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
@@ -117,6 +118,38 @@ def cached_tiny_model(folder: Path, task: str = "arithmetic") -> Path:
             shutil.rmtree(folder, ignore_errors=True)
             part.rename(folder)
     return folder
+
+
+def built_ts_example(example: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A TypeScript example of examples/ copied out of the repository, installed from its lock file with npm ci
+    and compiled; skips, saying so, where node and npm are missing."""
+    npm, node = shutil.which("npm"), shutil.which("node")
+    if npm is None or node is None:
+        pytest.skip(f"node and npm are needed to build {example.name} (node: {node}, npm: {npm})")
+    root = tmp_path_factory.mktemp("ts") / example.name
+    shutil.copytree(example, root, ignore=shutil.ignore_patterns("node_modules", "dist"))
+    for command in (["ci", "--no-audit", "--no-fund"], ["run", "build"]):
+        done = subprocess.run([npm, *command], cwd=root, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, f"npm {' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    assert (root / "dist" / "server.js").is_file()
+    return root
+
+
+@pytest.fixture(scope="session")
+def calculator(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tool example's model, from the machine's model cache, and its data and held-out split as
+    `rljob make-model` writes them (the command finds the model built and writes the data)."""
+    from filelock import FileLock
+
+    root = tmp_path_factory.mktemp("calculator")
+    model = cached_tiny_model(REPO / ".cache" / "models" / "tiny-calculator", "calculator")
+    data, held_out = root / "train.jsonl", root / "eval.jsonl"
+    rljob = str(Path(sys.executable).parent / "rljob")
+    with FileLock(f"{model}.lock"):
+        args = [rljob, "make-model", "--task", "calculator", "--out", str(model), "--data", str(data)]
+        done = subprocess.run([*args, "--eval-data", str(held_out)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {"model": model, "data": data, "eval": held_out}
 
 
 @pytest.fixture(scope="session")

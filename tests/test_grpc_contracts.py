@@ -12,6 +12,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from rljob.v1 import (
     control_service_pb2,
     control_service_pb2_grpc,
+    environment_service_pb2,
     reward_service_pb2,
     rollout_service_pb2,
     sample_pb2,
@@ -23,6 +24,7 @@ from conftest import REPO
 
 MODULES = [
     control_service_pb2,
+    environment_service_pb2,
     reward_service_pb2,
     rollout_service_pb2,
     sample_pb2,
@@ -40,8 +42,11 @@ def test_buf_standard_naming():
         for service in file.services_by_name.values():
             assert service.name.endswith("Service")
             for method in service.methods:
-                assert method.input_type.name == f"{method.name}Request", method.full_name
-                assert method.output_type.name == f"{method.name}Response", method.full_name
+                # buf's RPC_REQUEST_STANDARD_NAME: <Method>Request, or <Service><Method>Request where the
+                # short name is another service's in the package
+                names = (method.name, service.name + method.name)
+                assert method.input_type.name in {f"{n}Request" for n in names}, method.full_name
+                assert method.output_type.name in {f"{n}Response" for n in names}, method.full_name
         enums = list(file.enum_types_by_name.values())
         for enum in enums:
             prefix = re.sub(r"(?<!^)(?=[A-Z])", "_", enum.name).upper()

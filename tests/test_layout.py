@@ -28,6 +28,7 @@ POOL_PACKAGES: Mapping[str, frozenset[str]] = {
     "trainer": frozenset({"common", "weights"}),
     "rollout": frozenset({"common", "engines", "weights"}),
     "reward": frozenset({"common", "engines"}),
+    "environment": frozenset({"common"}),
 }
 # The driver's rooms, from the ground up: each may import the rooms below it and every pool package, never
 # one above it (CONTRIBUTING.md, "The driver's rooms").

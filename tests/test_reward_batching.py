@@ -78,5 +78,7 @@ def test_the_server_answers_a_batched_stream_in_batches_and_refuses_the_extra_by
     assert sorted(s.sample_id for s in over) == ["p/64", "p/65"]
     assert all("over Info's max_samples_per_message 64" in s.error.message for s in over)
     assert all(s.error.error_class == sample_pb2.ERROR_CLASS_INVALID for s in over)
-    # the 64 that slept together finished together: far fewer messages than answers
-    assert len(replies) <= 4
+    # the 64 that slept together finished close together: far fewer messages than answers. How
+    # close depends on the machine's load (CI saw 5 messages on 2 busy cores), so the bound is a
+    # quarter of the answers: one message per answer, the unbatched stream, is 66.
+    assert len(replies) * 4 <= len(scores), [len(r.scores) for r in replies]

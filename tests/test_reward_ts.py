@@ -25,7 +25,7 @@ from rljob_workers.common.grpc_server import channel
 from rljob_workers.driver.pools.reward.router import RewardRouter
 from rljob_workers.reward import RewardFunctionSet
 
-from conftest import REPO
+from conftest import REPO, built_ts_example
 
 EXAMPLE = REPO / "examples" / "reward-server-ts"
 INVALID = sample_pb2.ERROR_CLASS_INVALID
@@ -37,16 +37,7 @@ DRAINING = sample_pb2.REFUSAL_REASON_DRAINING
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example copied out of the repository, installed from its lock file and compiled."""
-    npm, node = shutil.which("npm"), shutil.which("node")
-    if npm is None or node is None:
-        pytest.skip(f"node and npm are needed to build the TypeScript reward server (node: {node}, npm: {npm})")
-    root = tmp_path_factory.mktemp("ts") / "reward-server-ts"
-    shutil.copytree(EXAMPLE, root, ignore=shutil.ignore_patterns("node_modules", "dist"))
-    for command in (["ci", "--no-audit", "--no-fund"], ["run", "build"]):
-        done = subprocess.run([npm, *command], cwd=root, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, f"npm {' '.join(command)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    assert (root / "dist" / "server.js").is_file()
-    return root
+    return built_ts_example(EXAMPLE, tmp_path_factory)
 
 
 @contextlib.contextmanager

@@ -73,3 +73,48 @@ def test_training_signals_are_gauges_and_a_kl_never_computed_is_not_exported() -
     assert got[("rljob_response_length_tokens", (("stat", "max"),))] == 5
     assert got[("rljob_reward_function_mean", (("function", "format"),))] == 1.0
     assert got[("rljob_reward_function_mean", (("function", "exact-match"),))] == 0.75
+
+
+def test_episode_series_gauge_each_step_and_count_over_the_run() -> None:
+    """spec.environment's series: the step's turns, tokens and latencies as gauges; episodes by outcome, turns,
+    tool calls and environment errors as counters, each counted once however many reports carry them."""
+    metrics = RunMetrics("agents")
+    first = _report(1, 0.1, Counts(episodes=16, turns=30, episode_restarts=1))
+    first.episodes = {"turns_mean": 1.875, "turns_max": 3.0, "tool_calls_calc": 12.0, "environment_errors_lost": 1.0}
+    second = _report(2, 0.1, Counts(episodes=32, turns=62, episode_restarts=1, excluded_environment_error=2))
+    second.episodes = {
+        "turns_mean": 2.0,
+        "turns_max": 2.0,
+        "tool_calls_calc": 16.0,
+        "environment_errors_timeout": 2.0,
+        "environment_step_seconds_p99": 0.25,
+        "episodes_in_flight": 7.0,
+    }
+    port = metrics.serve(0)
+    try:
+        metrics.update(first)
+        metrics.update(second)
+        got = _scrape(port)
+    finally:
+        metrics.close()
+    assert got[("rljob_episode_turns", (("stat", "mean"),))] == 2.0  # the last step's
+    assert got[("rljob_environment_step_seconds", (("quantile", "0.99"),))] == 0.25
+    assert got[("rljob_episodes_in_flight", ())] == 7
+    assert got[("rljob_episodes_total", (("outcome", "played"),))] == 32
+    assert got[("rljob_episodes_total", (("outcome", "restarted"),))] == 1  # counted once across reports
+    assert got[("rljob_episodes_total", (("outcome", "excluded"),))] == 2
+    assert got[("rljob_episode_turns_played_total", ())] == 62
+    assert got[("rljob_tool_calls_total", (("tool", "calc"),))] == 28  # each step's episodes' calls, summed
+    assert got[("rljob_environment_errors_total", (("kind", "lost"),))] == 1
+    assert got[("rljob_environment_errors_total", (("kind", "timeout"),))] == 2
+
+
+def test_a_run_without_environment_exports_no_episode_samples() -> None:
+    metrics = RunMetrics("plain")
+    metrics.update(_report(1, 0.1, Counts(generated=8)))
+    port = metrics.serve(0)
+    try:
+        got = _scrape(port)
+    finally:
+        metrics.close()
+    assert not [key for key in got if key[0].startswith(("rljob_episode", "rljob_tool", "rljob_environment"))]

@@ -149,6 +149,19 @@ def test_run_refuses_bad_set_up_in_one_line_before_ray(assets, tmp_path, case):
     assert not (tmp_path / "out").exists(), "nothing of a run may start"
 
 
+def test_a_job_asking_for_gpus_this_machine_lacks_is_one_line(assets, tmp_path):
+    # Ray would book the actors' GPUs and wait for ever, without a word (the calculator example once did).
+    job = _job(assets, tmp_path, lambda s: s["rollout"].update(gpusPerReplica=1))
+    env_hidden = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # none visible, even on a machine with GPUs
+    started = time.monotonic()
+    args = [RLJOB, "run", str(job), "--no-display", "--output", str(tmp_path / "out")]
+    done = subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=assets, env=env_hidden)
+    expected = "spec.rollout.gpusPerReplica: the job asks for 1 GPU (rollout.replicas × gpusPerReplica + "
+    _assert_one_line(done, time.monotonic() - started, expected, rc=2)
+    assert "0 are visible here" in done.stderr
+    assert not (tmp_path / "out").exists(), "nothing of a run may start"
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_validate_deep_runs_the_same_checks(assets, tmp_path, case):
     edit, expected = _cases(assets, tmp_path)[case]

@@ -95,3 +95,42 @@ def tiny_rm(path: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     LlamaForSequenceClassification(config).eval().save_pretrained(path)
     return path
+
+
+BPE_CORPUS = [f"{a}+{b}={a + b} ok" for a in range(0, 100, 3) for b in range(0, 100, 7)] + ["left right done"] * 50
+
+
+def bpe_llama(path: Path, *, seed: int = 0, vocab_size: int = 320) -> Path:
+    """A random Llama with a byte-level BPE tokenizer trained here on arithmetic text: unlike the character
+    tokenizer, a sequence the model samples (`1`, `2`) can decode to text that encodes to other ids (`12`),
+    which is what re-tokenizing an episode would change."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<s>", "</s>", "<unk>"]
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    bpe.train_from_iterator(BPE_CORPUS, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
+    tokenizer.save_pretrained(path)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).eval().save_pretrained(path)
+    return path

@@ -10,6 +10,7 @@ import yaml
 from pydantic import ValidationError
 
 from .base import FieldError, FieldRuleError, RLJobInvalid
+from .peers import peer_hint
 from .spec import RLJob
 
 _PREFIXES = ("Value error, ", "Assertion failed, ")
@@ -36,7 +37,7 @@ def _message(error: dict[str, Any]) -> tuple[str, str]:
     if isinstance(cause, FieldRuleError):
         return cause.field, cause.message
     if kind == "extra_forbidden":
-        return "", "unknown field (check its spelling and indentation)"
+        return "", "unknown field (check its spelling and indentation)" + peer_hint(str(error["loc"][-1]))
     if kind == "missing":
         return "", "required field is missing"
     if kind == "string_pattern_mismatch":

@@ -19,6 +19,9 @@ FUNCTION_REF = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 
 
+RuleSignature = Literal["auto", "rljob", "trl", "verl"]
+
+
 class RuleReward(Model):
     """A Python function addressed by module path, e.g. ``my_rewards.math:exact_match``.
 
@@ -32,6 +35,17 @@ class RuleReward(Model):
     """
 
     function: str = Field(description="`module.path:function` of the reward function.", max_length=512)
+    signature: RuleSignature = Field(
+        "auto",
+        description=(
+            "How it is called. rljob: `fn(prompt, completion, **fields) -> number`. trl: TRL's "
+            "`fn(prompts, completions, **columns) -> list[float | None]`, a batch of one sample, every field a "
+            "list; None: the function does not apply, and the sample's reward is the sum of those that do. "
+            "verl: `compute_score(data_source, solution_str, ground_truth, extra_info)` from the fields of those "
+            "names, a number or a dict whose `score` is the reward and whose other numbers are logged beside it. "
+            "auto: trl when it declares `completions`, verl when it declares `solution_str`, else rljob."
+        ),
+    )
 
     @field_validator("function")
     @classmethod
@@ -209,7 +223,14 @@ class RewardSpec(Placement):
     """The reward pool and the functions it computes."""
 
     functions: list[RewardFunction] = Field(
-        description="Reward functions, summed with their weights.", min_length=1, max_length=16
+        default_factory=list,
+        description=(
+            "Reward functions, summed with their weights; at least one unless spec.environment gives the reward."
+        ),
+        max_length=16,
+        # Spelled out in the CRD: the API server checks a default object's CEL rules without defaulting
+        # inside it, and a rule cannot read a key that is not there.
+        json_schema_extra={"default": []},
     )
     replicas: ReplicaRange = Field(default_factory=ReplicaRange, description="Elastic bounds of the reward pool.")
     scaling: ScalingSpec = Field(default_factory=ScalingSpec, description="Elastic scaling targets.")
@@ -256,7 +277,7 @@ class RewardSpec(Placement):
             if function.name in seen:
                 raise FieldRuleError(f"[{i}].name", f"duplicate reward function name {function.name!r}")
             seen.add(function.name)
-        if all(function.judge_only for function in value):
+        if value and all(function.judge_only for function in value):
             raise FieldRuleError("", "every function is judgeOnly; at least one must score the samples")
         return value
 
@@ -269,7 +290,7 @@ class RewardSpec(Placement):
     model_config = {
         "json_schema_extra": cel_rules(
             cel(
-                "self.functions.exists(f, !f.judgeOnly)",
+                "size(self.functions) == 0 || self.functions.exists(f, !f.judgeOnly)",
                 "every function is judgeOnly; at least one must score the samples",
             ),
             cel(

@@ -9,6 +9,7 @@ from pydantic import ConfigDict, Field, model_validator
 from .algorithm import AlgorithmSpec
 from .base import IMMUTABLE, FieldRuleError, Model, cel, cel_rules
 from .colocate import COLOCATE_CEL, COLOCATE_DESCRIPTION, check_colocate
+from .environment import EnvironmentSpec
 from .evaluation import EvalSpec
 from .placement import CheckpointVolumeSource, LocalObjectReference, SecurityContext, VolumeSource
 from .pools import RolloutSpec, TrainerSpec
@@ -183,7 +184,11 @@ class RLJobSpec(Model):
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="RL algorithm and hyperparameters.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="The rollout pool.")
     trainer: TrainerSpec = Field(default_factory=TrainerSpec, description="The trainer pool.")
-    reward: RewardSpec = Field(description="The reward pool and functions.")
+    reward: RewardSpec = Field(default_factory=RewardSpec, description="The reward pool and functions.")
+    environment: EnvironmentSpec | None = Field(
+        None,
+        description="Multi-turn episodes against an environment (tools, sandboxes, games) instead of one completion.",
+    )
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="The checkpoint engine.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
     logging: LoggingSpec = Field(
@@ -236,6 +241,10 @@ class RLJobSpec(Model):
                 "algorithm.overlong.bufferTokens", f"{buffer} is more than rollout.sampling.maxNewTokens {budget}"
             )
         check_colocate(self.colocate, self.rollout, self.trainer, self.weight_sync.backend)
+        if not self.reward.functions and self.environment is None:
+            raise FieldRuleError(
+                "reward.functions", "at least one reward function, unless spec.environment gives the reward"
+            )
         return self
 
     model_config = ConfigDict(
@@ -250,6 +259,10 @@ class RLJobSpec(Model):
                 "algorithm.overlong.bufferTokens must not exceed rollout.sampling.maxNewTokens",
             ),
             cel("self.reward.functions == oldSelf.reward.functions", "reward.functions " + IMMUTABLE),
+            cel(
+                "has(self.environment) || size(self.reward.functions) > 0",
+                "reward.functions: at least one reward function, unless spec.environment gives the reward",
+            ),
             cel("self.colocate == oldSelf.colocate", "colocate " + IMMUTABLE),
             *COLOCATE_CEL,
         )

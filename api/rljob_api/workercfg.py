@@ -15,12 +15,14 @@ from pydantic import Field
 
 from .algorithm import Algorithm, resolve_algorithm
 from .base import Model
+from .environment import EnvironmentSpec
 from .pools import Engine, SamplingSpec, WeightUpdate
 from .reward import OnError, ReplicaRange, RewardDispatch, RewardFunction, ScalingSpec
 from .spec import CheckpointSpec, DataSpec, RLJob, RLJobSpec, WeightSyncSpec
 from .tracking import LoggingSpec
 
-Pool = Literal["rollout", "trainer", "reward"]
+Pool = Literal["rollout", "trainer", "reward", "environment"]
+# The pools a cluster renders a worker group of (the environment pool runs locally, or behind remote endpoints).
 POOLS: tuple[Pool, ...] = ("rollout", "trainer", "reward")
 # The file the driver writes its last JobStatus to (JSON) as it exits: in a driver pod, the container's
 # termination message, which the operator reads once the ControlService is gone.
@@ -93,6 +95,14 @@ class RewardWorkerConfig(Model):
     gpus: int
 
 
+class EnvironmentWorkerConfig(Model):
+    """What an environment replica needs (kind python)."""
+
+    class_ref: str
+    max_episodes: int
+    step_timeout_seconds: float
+
+
 class TrainerWorkerConfig(Model):
     """What a trainer rank needs."""
 
@@ -132,6 +142,8 @@ class ControllerConfig(Model):
     checkpoint: CheckpointSpec
     logging: LoggingSpec
     max_restarts: dict[Pool, int]  # per pool: replicas replaced in one run before it fails
+    reward_functions: bool = True  # the reward pool scores samples (False: the environment's return alone)
+    environment: EnvironmentSpec | None = None  # episodes against it instead of one completion per sample
 
 
 class WorkerConfigs(Model):
@@ -141,6 +153,7 @@ class WorkerConfigs(Model):
     reward: RewardWorkerConfig
     trainer: TrainerWorkerConfig
     controller: ControllerConfig
+    environment: EnvironmentWorkerConfig | None = None
     ports: Ports = Field(default_factory=Ports)
     colocate: bool = Field(False, description="Each GPU holds a rollout replica and a trainer rank (spec.colocate).")
 
@@ -187,7 +200,21 @@ def _controller_config(job: RLJob, algorithm: Algorithm) -> ControllerConfig:
             "rollout": spec.rollout.max_restarts,
             "reward": spec.reward.max_restarts,
             "trainer": spec.trainer.max_restarts,
+            "environment": spec.environment.max_restarts if spec.environment else 0,
         },
+        reward_functions=any(not function.judge_only for function in spec.reward.functions),
+        environment=spec.environment,
+    )
+
+
+def _environment_config(spec: RLJobSpec) -> EnvironmentWorkerConfig | None:
+    environment = spec.environment
+    if environment is None or environment.class_ref is None:
+        return None
+    return EnvironmentWorkerConfig(
+        class_ref=environment.class_ref,
+        max_episodes=environment.max_episodes_per_replica,
+        step_timeout_seconds=environment.step_timeout_seconds,
     )
 
 
@@ -218,5 +245,6 @@ def derive_worker_configs(job: RLJob) -> WorkerConfigs:
             weight_sync=spec.weight_sync,
         ),
         controller=_controller_config(job, algorithm),
+        environment=_environment_config(spec),
         colocate=spec.colocate,
     )

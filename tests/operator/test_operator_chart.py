@@ -208,6 +208,11 @@ def test_dashboard_uses_exported_metrics() -> None:
         "rljob_trained_tokens_per_second",
         "rljob_eval_reward",
         "rljob_eval_pass_at_k",
+        "rljob_episodes",
+        "rljob_episode_turns",
+        "rljob_environment_step_seconds",
+        "rljob_tool_calls",
+        "rljob_environment_errors",
     ):
         assert topic in used, topic
     ids = [p["id"] for p in dashboard["panels"]]

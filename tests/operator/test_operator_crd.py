@@ -130,6 +130,16 @@ def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str
             "spec",
             "colocate moves weights by gloo, not nccl",
         ),
+        (
+            {"reward": {**ARITHMETIC["spec"]["reward"], "functions": []}},
+            "spec",
+            "at least one reward function, unless spec.environment gives the reward",
+        ),
+        (
+            {"environment": {"kind": "remote", "class": "calculator:Calculator"}},
+            "spec.environment",
+            "remote must be set exactly when kind is remote",
+        ),
     ],
     ids=[
         "reward-min-gt-max",
@@ -154,6 +164,8 @@ def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str
         "pull-secret-as-a-bare-name",
         "colocate-without-gpus",
         "colocate-over-nccl",
+        "no-reward-and-no-environment",
+        "remote-environment-with-a-class",
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(
@@ -187,6 +199,21 @@ def test_a_checkpoint_volume_left_at_its_defaults_is_writable(cluster: Cluster, 
     out = cluster.apply(rljob("runs", ns, checkpoint=checkpoint), "--dry-run=server", "-o", "json", check=False)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["spec"]["checkpoint"]["volume"]["readOnly"] is False
+
+
+def test_an_environment_job_without_reward_functions_is_accepted_and_updated(
+    cluster: Cluster, crd: str, ns: str
+) -> None:
+    # spec.reward left out: its default, functions [] included, must pass the rules that read functions
+    environment = {"kind": "remote", "remote": {"endpoints": ["env.tools:50051"]}}
+    doc = rljob("episodes", ns, suspend=True, environment=environment)
+    del doc["spec"]["reward"]
+    out = cluster.apply(doc, "-o", "json", check=False)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["spec"]["reward"]["functions"] == []
+    doc["spec"]["suspend"] = False  # an update runs the immutability rules, which compare reward.functions
+    out = cluster.apply(doc, check=False)
+    assert out.returncode == 0, out.stderr
 
 
 def test_immutable_fields_are_refused_on_update(cluster: Cluster, crd: str, ns: str) -> None:

@@ -41,12 +41,16 @@ def conversation(text: str | None, messages: Sequence[Message] | None, system_pr
     return turns
 
 
-def render(tokenizer: Any, conversations: Sequence[Sequence[Message]]) -> tuple[list[str], list[list[int]]]:
+def render(
+    tokenizer: Any, conversations: Sequence[Sequence[Message]], tools: Sequence[dict[str, Any]] = ()
+) -> tuple[list[str], list[list[int]]]:
     """Each conversation as the model's chat template writes it, up to the assistant's turn, and its token
     ids. The template writes the special tokens (BOS, role markers) itself, so none are added again:
-    the ids are what ``apply_chat_template(messages, add_generation_prompt=True)`` returns."""
+    the ids are what ``apply_chat_template(messages, add_generation_prompt=True)`` returns. `tools` (an
+    environment's, in the function format) go to the template as its `tools`."""
+    offered = list(tools) or None
     texts = [
-        str(tokenizer.apply_chat_template(list(turns), add_generation_prompt=True, tokenize=False))
+        str(tokenizer.apply_chat_template(list(turns), tools=offered, add_generation_prompt=True, tokenize=False))
         for turns in conversations
     ]
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []

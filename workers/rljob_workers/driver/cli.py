@@ -20,16 +20,18 @@ def cmd_validate(args: argparse.Namespace) -> int:
     """Validate RLJob files; print every broken rule with its field (--deep: and the set-up checks)."""
     from rljob_api import resolve_algorithm
     from rljob_workers.driver.errors import SetupError
+    from rljob_workers.driver.run.code_path import put_job_folder_on_path
     from rljob_workers.driver.run.gpu_fit import check_colocate_fits
     from rljob_workers.driver.run.plan import load_job_file, plan_job
-    from rljob_workers.driver.run.preflight import prepare
+    from rljob_workers.driver.run.preflight import prepare, rule_conventions
 
     failed = 0
     for path in args.files:
         try:
             job = load_job_file(path)
             fits = True
-            if args.deep:
+            if args.deep:  # its functions and classes import as `rljob run` would import them
+                put_job_folder_on_path(path)
                 prepare(plan_job(job, job_file=path, rollout_python=args.rollout_python))
                 fits = check_colocate_fits(job, gpu_bytes=args.gpu_memory)
         except (RLJobInvalid, SetupError) as exc:
@@ -40,6 +42,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(f"{path}: valid RLJob {job.metadata.name!r}{checked}")
             if not fits:
                 print("  spec.colocate: its memory was not checked: no GPU here (--gpu-memory SIZE checks it)")
+            for line in rule_conventions(job) if args.deep else ():
+                print(f"  {line}")
             # What each preset-decided setting resolves to: the algorithm as the workers will run it.
             print("  " + resolve_algorithm(job.spec.algorithm, job.spec.rollout.sampling.max_new_tokens).summary())
     return 1 if failed else 0
@@ -61,6 +65,9 @@ def cmd_make_model(args: argparse.Namespace) -> int:
 
     out = make_tiny_model(args.out, task=args.task, seed=args.seed)
     print(f"model ready at {out}")
+    if args.task == "calculator":
+        _write_calculator_data(args)
+        return 0
     # Prompts drawn apart from the model's warm-up data (its own seed); the chat task's as messages.
     problems = make_problems(args.prompts, seed=10_000 + args.seed)
     rows = (lambda ps: list(map(chat_row, ps))) if args.task == "arithmetic-chat" else list
@@ -73,12 +80,30 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _write_calculator_data(args: argparse.Namespace) -> None:
+    from rljob_workers.tasks import calculator
+    from rljob_workers.tasks.arithmetic import write_jsonl
+
+    problems = calculator.make_problems(args.prompts, seed=10_000 + args.seed)
+    if args.data is not None:
+        print(f"{args.prompts} prompts at {write_jsonl(args.data, problems)}")
+    if args.eval_data is not None:  # none of them among the training prompts
+        seen = {p["prompt"] for p in problems}
+        drawn = calculator.make_problems(args.eval_prompts + len(seen), seed=20_000 + args.seed)
+        rows = [p for p in drawn if p["prompt"] not in seen][: args.eval_prompts]
+        print(f"{args.eval_prompts} held-out eval prompts at {write_jsonl(args.eval_data, rows)}")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Run an RLJob on this machine: all pools local, on Ray."""
     from rljob_workers.driver.errors import SetupError
+    from rljob_workers.driver.run.code_path import put_job_folder_on_path
     from rljob_workers.driver.run.command import run_command
     from rljob_workers.driver.run.plan import load_job_file, plan_job
 
+    if not args.cluster:  # in a driver pod the job file is the operator's; user code comes with the image
+        folder = put_job_folder_on_path(args.file)
+        print(f"code: {folder} is on the import path of the driver and every pool", flush=True)
     try:
         plan = plan_job(
             load_job_file(args.file),
@@ -197,7 +222,8 @@ def add_make_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--task",
         default="arithmetic",
-        help="built-in task: arithmetic, or arithmetic-chat (a chat template; --data writes messages rows)",
+        help="built-in task: arithmetic, arithmetic-chat (a chat template; --data writes messages rows), or "
+        "calculator (a tool to call: examples/calculator.yaml)",
     )
     p.add_argument("--out", type=Path, required=True, help="output directory")
     p.add_argument("--seed", type=int, default=0)

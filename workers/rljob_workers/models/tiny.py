@@ -44,6 +44,7 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from rljob_workers.models import tiny_calculator
 from rljob_workers.tasks import arithmetic
 
 MARKER = "rljob-tiny-model.json"
@@ -56,7 +57,11 @@ SPECIAL_TOKENS = (PAD, BOS, EOS, UNK)
 CHARS = "0123456789+-*/=()., abcdefghijklmnopqrstuvwxyz"
 # Tasks with a tiny model: the plain one (no chat template, like a base model) and its chat form, with
 # what each sets apart from TinyModelSpec's defaults.
-TASKS: dict[str, dict[str, Any]] = {"arithmetic": {}, "arithmetic-chat": {"sft_steps": 1000}}
+TASKS: dict[str, dict[str, Any]] = {
+    "arithmetic": {},
+    "arithmetic-chat": {"sft_steps": 1000},
+    "calculator": {"sft_steps": 1200},  # models/tiny_calculator.py
+}
 # The chat model's template, in its own characters and special tokens: `<s>`, the system prompt ended
 # by `</s>`, the user's question, then "=" opens the assistant's answer (the generation prompt).
 CHAT_TEMPLATE = (
@@ -97,6 +102,13 @@ class TinyModelSpec:
         recipe: dict[str, Any] = {"format": FORMAT_VERSION, **asdict(self)}
         if self.task == "arithmetic-chat":  # its template and system prompt shape what it learns
             recipe.update(template=CHAT_TEMPLATE, system_prompt=arithmetic.SYSTEM_PROMPT)
+        if self.task == "calculator":
+            recipe.update(
+                template=tiny_calculator.CALC_TEMPLATE,
+                p_tool=tiny_calculator.P_TOOL,
+                p_copy=tiny_calculator.P_COPY,
+                recipe=tiny_calculator.RECIPE,
+            )
         blob = json.dumps(recipe, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -305,12 +317,34 @@ def sample_exact_match(
     return sum(rewards) / len(rewards)
 
 
+def _build_calculator(spec: TinyModelSpec) -> tuple[Any, Any, float]:
+    """The calculator task's model (models/tiny_calculator.py): its tokenizer has two characters more and a
+    template with tools and a tool turn."""
+    tokenizer = char_tokenizer(CHARS + tiny_calculator.EXTRA_CHARS, max_length=spec.max_positions)
+    tokenizer.chat_template = tiny_calculator.CALC_TEMPLATE
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(spec.seed)
+        model = build_model(tokenizer, spec)
+    loss = tiny_calculator.warm_up(
+        *(model, tokenizer),
+        steps=spec.sft_steps,
+        batch_size=spec.batch_size,
+        lr=lambda step: _lr_at(step, spec),
+        seed=spec.seed,
+    )
+    return model, tokenizer, loss
+
+
 def _build(spec: TinyModelSpec, out: Path) -> None:
     """Tokenizer, model, warm-up, evaluation, files; the marker is written last."""
     start = time.perf_counter()
     threads = torch.get_num_threads()
     torch.set_num_threads(spec.threads)
     try:
+        if spec.task == "calculator":
+            model, tokenizer, final_loss = _build_calculator(spec)
+            _save(spec, out, model, tokenizer, final_loss, None, start)
+            return
         tokenizer = char_tokenizer(max_length=spec.max_positions)
         chat = spec.task == "arithmetic-chat"
         if chat:
@@ -325,8 +359,15 @@ def _build(spec: TinyModelSpec, out: Path) -> None:
         base_reward = sample_exact_match(model, tokenizer, held_out, seed=spec.seed, templated=chat)
     finally:
         torch.set_num_threads(threads)
+    _save(spec, out, model, tokenizer, final_loss, base_reward, start)
+
+
+def _save(
+    spec: TinyModelSpec, out: Path, model: Any, tokenizer: Any, loss: float, base: float | None, start: float
+) -> None:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    final_loss, base_reward = loss, base
     marker = {
         "digest": spec.digest(),
         "spec": asdict(spec),

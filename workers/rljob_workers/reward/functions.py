@@ -34,13 +34,14 @@ import sys
 import time
 from collections.abc import Awaitable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rljob.v1 import sample_pb2
 from rljob_api.reward import RewardFunction
 from rljob_workers.reward.base import FUNCTION, INVALID, TRANSIENT, RewardConfigError, SampleScorer, ScoreFailure
 from rljob_workers.reward.callables import RewardCallable, WeightedFunction, error_score, is_async
+from rljob_workers.reward.conventions import NotApplicable, ScoreWithMetrics
 from rljob_workers.reward.kinds import build_functions
 from rljob_workers.reward.metrics import RewardMetrics
 
@@ -71,6 +72,8 @@ class _Outcome:
 
     value: float | None = None
     error: sample_pb2.ScoreError | None = None
+    applies: bool = True  # False: a TRL function's None, this sample is not its to score
+    metrics: dict[str, float] = field(default_factory=dict)  # numbers it gave beside its score (verl's dict)
 
 
 def _failure(error_class: int, message: str, function: str) -> _Outcome:
@@ -79,6 +82,11 @@ def _failure(error_class: int, message: str, function: str) -> _Outcome:
 
 def _check_value(value: object, name: str, sample_id: str) -> _Outcome:
     """A usable score, or a FUNCTION error saying what was wrong with the value."""
+    if isinstance(value, NotApplicable):
+        return _Outcome(applies=False)
+    if isinstance(value, ScoreWithMetrics):
+        scored = _check_value(value.score, name, sample_id)
+        return scored if scored.error is not None else _Outcome(value=scored.value, metrics=value.metrics)
     if not isinstance(value, numbers.Real):
         shown = repr(value)[:80]
         return _failure(
@@ -161,12 +169,18 @@ class RewardFunctionSet:
         for function, outcome in zip(self.functions, outcomes, strict=True):
             if outcome.value is not None:
                 result.components[function.name] = outcome.value
+            for key, value in outcome.metrics.items():
+                result.components[f"{function.name}.{key}"] = value
         errors = [o.error for o in outcomes if o.error is not None]
+        applying = [f for f, o in zip(self.functions, outcomes, strict=True) if o.applies]
         if errors:
             # The first failing function in job order is reported; the controller retries the whole sample.
             result.error.CopyFrom(errors[0])
-        else:
-            total = math.fsum(f.weight * result.components[f.name] for f in self.functions)
+        elif not applying:
+            message = f"no reward function applies to sample {sample.sample_id!r} (each answered None)"
+            result.error.CopyFrom(sample_pb2.ScoreError(error_class=FUNCTION, message=message))
+        else:  # TRL's rule: the sum over the functions that apply
+            total = math.fsum(f.weight * result.components[f.name] for f in applying)
             if math.isfinite(total):
                 result.score = total
             else:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from rljob_api.reward import MODEL_KINDS, RewardFunction
 from rljob_workers.reward.base import RewardConfigError, SampleScorer
 from rljob_workers.reward.callables import RewardCallable, WeightedFunction, is_async, load_function
+from rljob_workers.reward.conventions import adapt, resolve_signature
 from rljob_workers.reward.modelpool import Judge, declares, takes_judge
 
 if TYPE_CHECKING:
@@ -64,6 +65,9 @@ class _Rule:
 def _load_rule(spec: RewardFunction, has_models: bool) -> _Rule:
     assert spec.rule is not None
     fn = load_function(spec.name, spec.rule.function)
+    signature, _ = resolve_signature(fn, spec.rule.signature)
+    if signature != "rljob":  # a peer's convention: called through its adapter, without judge or sample
+        return _Rule(adapt(fn, signature, spec.name), False, False)
     rule = _Rule(fn, takes_judge(fn), declares(fn, "sample"))
     if rule.takes_judge and not is_async(fn):
         raise RewardConfigError(

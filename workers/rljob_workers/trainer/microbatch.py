@@ -15,7 +15,8 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -
     """Right-padded prompt+completion ids, and per-position tensors aligned with next-token logits.
 
     Position t of `mask`/`behaviour` refers to the token at t+1 of `input_ids`, which the
-    logits at t predict; only completion tokens are masked in. `advantages` is one per sample, or one
+    logits at t predict; only completion tokens are masked in (of an episode, only
+    its model turns: `loss_mask`). `advantages` is one per sample, or one
     per position where any sample carries `token_advantages`; `proximal`, where samples carry the trainer's
     log-probs of the step's start; `lag`, each sample's (-1: it spans versions).
     """
@@ -29,7 +30,8 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -
         prompt, completion = len(sample.prompt_token_ids), len(sample.token_ids)
         input_ids[row, : prompt + completion] = torch.tensor(sample.prompt_token_ids + sample.token_ids)
         attention[row, : prompt + completion] = 1
-        mask[row, prompt - 1 : prompt - 1 + completion] = 1.0
+        weights = torch.tensor(sample.loss_mask, dtype=torch.float32) if sample.loss_mask is not None else 1.0
+        mask[row, prompt - 1 : prompt - 1 + completion] = weights
         behaviour[row, prompt - 1 : prompt - 1 + completion] = torch.tensor(sample.behaviour_logprobs)
     advantages = torch.tensor([s.advantage for s in samples], dtype=torch.float32)
     if any(s.token_advantages is not None for s in samples):

@@ -30,6 +30,9 @@ class TrainSample:
     # The trainer's log-probs of its tokens at the step's start (the rollout correction's proximal policy),
     # where a step of several mini-batches needs them before its first update.
     proximal_logprobs: list[float] | None = None
+    # One weight per token of `token_ids` (an episode's: 1 for the model's turns, 0 for its observations, which
+    # the model did not sample and nothing is learned from); None: every token is the model's.
+    loss_mask: list[int] | None = None
 
 
 def mean_and_std(values: Sequence[float]) -> tuple[float, float]:

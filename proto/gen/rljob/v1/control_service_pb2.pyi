@@ -35,7 +35,7 @@ class PoolStatus(_message.Message):
     def __init__(self, desired: _Optional[int] = ..., ready: _Optional[int] = ..., drained: _Optional[_Iterable[str]] = ..., idle_fraction: _Optional[float] = ...) -> None: ...
 
 class SampleCounts(_message.Message):
-    __slots__ = ("generated", "scored", "trained", "discarded_stale", "excluded_reward_error", "lost_replica", "reward_retries", "waiting_for_reward", "filtered", "filtered_groups", "masked_truncated")
+    __slots__ = ("generated", "scored", "trained", "discarded_stale", "excluded_reward_error", "lost_replica", "reward_retries", "waiting_for_reward", "filtered", "filtered_groups", "masked_truncated", "episodes", "turns", "episode_restarts", "environment_errors", "excluded_environment_error", "episodes_in_flight")
     GENERATED_FIELD_NUMBER: _ClassVar[int]
     SCORED_FIELD_NUMBER: _ClassVar[int]
     TRAINED_FIELD_NUMBER: _ClassVar[int]
@@ -47,6 +47,12 @@ class SampleCounts(_message.Message):
     FILTERED_FIELD_NUMBER: _ClassVar[int]
     FILTERED_GROUPS_FIELD_NUMBER: _ClassVar[int]
     MASKED_TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_RESTARTS_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    EXCLUDED_ENVIRONMENT_ERROR_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     generated: int
     scored: int
     trained: int
@@ -58,10 +64,16 @@ class SampleCounts(_message.Message):
     filtered: int
     filtered_groups: int
     masked_truncated: int
-    def __init__(self, generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., discarded_stale: _Optional[int] = ..., excluded_reward_error: _Optional[int] = ..., lost_replica: _Optional[int] = ..., reward_retries: _Optional[int] = ..., waiting_for_reward: _Optional[int] = ..., filtered: _Optional[int] = ..., filtered_groups: _Optional[int] = ..., masked_truncated: _Optional[int] = ...) -> None: ...
+    episodes: int
+    turns: int
+    episode_restarts: int
+    environment_errors: int
+    excluded_environment_error: int
+    episodes_in_flight: int
+    def __init__(self, generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., discarded_stale: _Optional[int] = ..., excluded_reward_error: _Optional[int] = ..., lost_replica: _Optional[int] = ..., reward_retries: _Optional[int] = ..., waiting_for_reward: _Optional[int] = ..., filtered: _Optional[int] = ..., filtered_groups: _Optional[int] = ..., masked_truncated: _Optional[int] = ..., episodes: _Optional[int] = ..., turns: _Optional[int] = ..., episode_restarts: _Optional[int] = ..., environment_errors: _Optional[int] = ..., excluded_environment_error: _Optional[int] = ..., episodes_in_flight: _Optional[int] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("phase", "step", "total_steps", "policy_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max", "samples_per_second", "rollout", "trainer", "reward", "samples", "checkpoint", "message", "elapsed_seconds", "reward_wait_reason", "run_id", "restarts", "eval")
+    __slots__ = ("phase", "step", "total_steps", "policy_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max", "samples_per_second", "rollout", "trainer", "reward", "samples", "checkpoint", "message", "elapsed_seconds", "reward_wait_reason", "run_id", "restarts", "eval", "environment")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -82,6 +94,7 @@ class JobStatus(_message.Message):
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     EVAL_FIELD_NUMBER: _ClassVar[int]
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     phase: RunPhase
     step: int
     total_steps: int
@@ -102,7 +115,8 @@ class JobStatus(_message.Message):
     run_id: str
     restarts: _containers.RepeatedCompositeFieldContainer[Restart]
     eval: EvalResult
-    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., rollout: _Optional[_Union[PoolStatus, _Mapping]] = ..., trainer: _Optional[_Union[PoolStatus, _Mapping]] = ..., reward: _Optional[_Union[PoolStatus, _Mapping]] = ..., samples: _Optional[_Union[SampleCounts, _Mapping]] = ..., checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ..., reward_wait_reason: _Optional[str] = ..., run_id: _Optional[str] = ..., restarts: _Optional[_Iterable[_Union[Restart, _Mapping]]] = ..., eval: _Optional[_Union[EvalResult, _Mapping]] = ...) -> None: ...
+    environment: PoolStatus
+    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., rollout: _Optional[_Union[PoolStatus, _Mapping]] = ..., trainer: _Optional[_Union[PoolStatus, _Mapping]] = ..., reward: _Optional[_Union[PoolStatus, _Mapping]] = ..., samples: _Optional[_Union[SampleCounts, _Mapping]] = ..., checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ..., reward_wait_reason: _Optional[str] = ..., run_id: _Optional[str] = ..., restarts: _Optional[_Iterable[_Union[Restart, _Mapping]]] = ..., eval: _Optional[_Union[EvalResult, _Mapping]] = ..., environment: _Optional[_Union[PoolStatus, _Mapping]] = ...) -> None: ...
 
 class EvalResult(_message.Message):
     __slots__ = ("step", "policy_version", "reward_mean", "rewards", "pass_at_k")

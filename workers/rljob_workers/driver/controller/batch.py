@@ -65,7 +65,9 @@ def train_batch(groups: list[Group], version: int, algorithm: Algorithm, max_new
     truncated = sum(1 for _, sample in scored if sample.truncated)
     return StepBatch(
         samples=[
-            TrainSample(s.prompt_token_ids, s.token_ids, s.logprobs, advantage, lag=lag(s, version))
+            TrainSample(
+                s.prompt_token_ids, s.token_ids, s.logprobs, advantage, lag=lag(s, version), loss_mask=s.loss_mask
+            )
             for s, advantage in kept
         ],
         rewards=[float(sample.reward or 0.0) for _, sample in scored],
@@ -74,4 +76,16 @@ def train_batch(groups: list[Group], version: int, algorithm: Algorithm, max_new
         truncated=truncated,
         masked=len(scored) - len(kept),
         advantages=found,
+    )
+
+
+def nothing_to_learn(filtered: list[Group], step: int, algorithm: Algorithm) -> str:
+    """Why step `step` ends the run: dynamic sampling dropped more than maxExtraGroups groups (`filtered`)."""
+    rewards = sorted({float(s.reward or 0.0) for group in filtered for s in group.scored})
+    return (
+        f"spec.algorithm.dynamicSampling.maxExtraGroups: step {step} dropped {len(filtered)} prompt "
+        f"groups whose rewards were all equal (all {' or '.join(f'{r:g}' for r in rewards[:4])}), more than "
+        f"maxExtraGroups {algorithm.dynamic_sampling.max_extra_groups}, "
+        f"before it found promptsPerStep {algorithm.prompts_per_step} groups to learn from: the data has "
+        "nothing left to teach this policy"
     )

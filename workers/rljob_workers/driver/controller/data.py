@@ -52,10 +52,12 @@ class Prompt:
 
 @dataclass(frozen=True)
 class ChatPrompts:
-    """Render the rows with the chat template of the model at `model_path`, after `system_prompt`."""
+    """Render the rows with the chat template of the model at `model_path`, after `system_prompt`, offering
+    `tools` (an environment's, in the function format)."""
 
     model_path: str
     system_prompt: str | None = None
+    tools: tuple[dict[str, Any], ...] = ()
 
 
 def read_rows(path: Path, prompt_field: str, fields: list[str], messages_field: str | None = None) -> list[Row]:
@@ -122,17 +124,26 @@ def _reward_fields(row: dict[str, Any], fields: list[str], where: str) -> dict[s
 def chat_rows(rows: Sequence[Row], chat: ChatPrompts) -> list[Row]:
     """The rows with their prompts rendered by the model's chat template: text and token ids."""
     tokenizer = load_template_tokenizer(chat.model_path)
-    texts, ids = render(tokenizer, [conversation(r.text, r.messages, chat.system_prompt) for r in rows])
+    conversations = [conversation(r.text, r.messages, chat.system_prompt) for r in rows]
+    texts, ids = render(tokenizer, conversations, chat.tools)
     return [replace(r, text=t, token_ids=tuple(i)) for r, t, i in zip(rows, texts, ids, strict=True)]
 
 
 def chat_prompts(
-    model_path: str, chat_template: str, messages_field: str | None, system_prompt: str | None
+    model_path: str,
+    chat_template: str,
+    messages_field: str | None,
+    system_prompt: str | None,
+    tools: tuple[dict[str, Any], ...] = (),
 ) -> ChatPrompts | None:
     """How the data's prompts are rendered: with the model's template (spec.data.chatTemplate auto and the
     model has one), or not at all (None). Messages data without a template is an error."""
     if chat_template == "auto" and has_chat_template(model_path):
-        return ChatPrompts(model_path, system_prompt)
+        return ChatPrompts(model_path, system_prompt, tools)
+    if tools:
+        raise DataError(
+            f"spec.environment: its tools need a chat template to render them; the model {model_path} has none"
+        )
     if messages_field is not None:
         raise DataError(f"spec.data.messagesField: the model {model_path} has no chat template to render messages")
     return None

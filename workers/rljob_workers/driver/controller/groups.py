@@ -6,8 +6,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from rljob_workers.driver.controller.data import Prompt
+
+if TYPE_CHECKING:
+    from rljob_workers.driver.controller.episode import Transcript
 
 
 @dataclass
@@ -26,6 +30,8 @@ class Sample:
     last_version: int | None = None  # of its last token, when a version came in flight (None: policy_version)
     reward: float | None = None
     components: dict[str, float] = field(default_factory=dict)
+    loss_mask: list[int] | None = None  # an episode's: 0 for its observations' tokens
+    episode: Transcript | None = None  # an episode's whole record (its conversation, turns, rewards)
 
 
 @dataclass
@@ -61,7 +67,7 @@ class Group:
 
     def missing(self) -> list[int]:
         """Indices not yet received (to be generated again after a rollout replica failed)."""
-        return [i for i in range(self.n) if i not in self.received]
+        return [i for i in range(self.n) if i not in self.received and i not in self.excluded]
 
     def oldest_version(self) -> int:
         """The oldest policy version among its samples (the dispatch version before any arrived)."""
@@ -78,7 +84,9 @@ class Group:
         sample.reward, sample.components = reward, components
 
     def exclude(self, index: int) -> None:
-        if index in self.received and not self._is_done(index):
+        if index in self.excluded:
+            return
+        if index not in self.received or not self._is_done(index):  # an episode excluded before it was received
             self._done += 1
         self.excluded.add(index)
 

@@ -30,8 +30,9 @@ import grpc
 from rljob.v1 import sample_pb2
 from rljob_api.algorithm import Algorithm
 from rljob_api.workercfg import ControllerConfig
-from rljob_workers.driver.controller.batch import informative, train_batch
+from rljob_workers.driver.controller.batch import informative, nothing_to_learn, train_batch
 from rljob_workers.driver.controller.data import Prompt, PromptSource
+from rljob_workers.driver.controller.episodes import EpisodeExcluded, EpisodeFatal, EpisodeRunner
 from rljob_workers.driver.controller.evaluation import Evaluation
 from rljob_workers.driver.controller.groups import Group, GroupTracker, Sample, dispatch_allowed, staleness
 from rljob_workers.driver.controller.messages import contiguous_runs, generate_request, received_sample
@@ -58,6 +59,7 @@ class Controller:
     sync_weights: Callable[[int], Awaitable[Any]]
     on_step: Callable[[StepReport], None] = lambda report: None
     evaluation: Evaluation | None = None  # the held-out eval (spec.data.eval)
+    episodes: EpisodeRunner | None = None  # spec.environment: each sample is an episode it plays
     step: int = 0
     version: int = 0
     counts: Counts = field(default_factory=Counts)
@@ -79,8 +81,11 @@ class Controller:
         if self.algo.dynamic_sampling.enabled:  # DAPO: a group with nothing to learn frees its place at once
             budget = self.config.sampling.max_new_tokens
             self.tracker.informative = lambda group: informative(group, self.algo, budget)
+        halted = lambda: self._failure is not None or self.stop.is_set()  # noqa: E731
         if self.evaluation is not None:  # a round waiting for a rollout replica gives up when the run ends
-            self.evaluation.halted = lambda: self._failure is not None or self.stop.is_set()
+            self.evaluation.halted = halted
+        if self.episodes is not None:
+            self.episodes.halted = halted
 
     @property
     def algo(self) -> Algorithm:
@@ -163,6 +168,7 @@ class Controller:
             checkpoint=written,
             times=times,
             log_samples=self.config.logging.samples,
+            episode_stats=self.episodes.take_stats() if self.episodes is not None else None,
         )
         self.on_step(report)
         if self.evaluation is not None:  # when due, on the version just published once it is out
@@ -234,15 +240,7 @@ class Controller:
         return drops > self.algo.dynamic_sampling.max_extra_groups
 
     def _nothing_to_learn(self, batch: list[Group]) -> str:
-        filtered = self._step_drops(batch)
-        rewards = sorted({float(s.reward or 0.0) for group in filtered for s in group.scored})
-        return (
-            f"spec.algorithm.dynamicSampling.maxExtraGroups: step {self.step + 1} dropped {len(filtered)} prompt "
-            f"groups whose rewards were all equal (all {' or '.join(f'{r:g}' for r in rewards[:4])}), more than "
-            f"maxExtraGroups {self.algo.dynamic_sampling.max_extra_groups}, "
-            f"before it found promptsPerStep {self.algo.prompts_per_step} groups to learn from: the data has "
-            "nothing left to teach this policy"
-        )
+        return nothing_to_learn(self._step_drops(batch), self.step + 1, self.algo)
 
     def _checkpointed_now(self) -> bool:
         """Whether the step just finished is one that gets a checkpoint."""
@@ -269,6 +267,10 @@ class Controller:
                 assert replica is not None  # the wait's condition
                 prompt = self.prompts.next()
                 self.tracker.start(prompt, self.algo.group_size, self.version)
+                if self.episodes is not None:  # each episode takes a slot for each of its turns, as it goes
+                    for index in range(self.algo.group_size):
+                        self._spawn(self._episode(prompt, index))
+                    continue
                 replica.in_flight += 1
                 self._spawn(self._generate(prompt, list(range(self.algo.group_size)), replica))
 
@@ -314,9 +316,27 @@ class Controller:
             for run in contiguous_runs(missing):
                 self._spawn(self._generate(prompt, run))
 
+    async def _episode(self, prompt: Prompt, index: int) -> None:
+        """Episode `index` of `prompt`, played to its end, as its group's sample (or excluded from it)."""
+        assert self.episodes is not None
+        try:
+            sample = await self.episodes.run(prompt, index)
+        except EpisodeExcluded:
+            async with self._changed:
+                self.tracker.exclude(prompt.prompt_id, index)
+                self._changed.notify_all()
+            return
+        except EpisodeFatal as exc:
+            self.fail(str(exc))
+            return
+        self._accept(prompt, [sample])
+
     def _received(self, prompt: Prompt, completions: list[sample_pb2.Completion]) -> None:
         """Completions that came in one message: new samples of their group go to reward together."""
-        samples = [sample for sample in map(received_sample, completions) if self.tracker.receive(sample)]
+        self._accept(prompt, [received_sample(completion) for completion in completions])
+
+    def _accept(self, prompt: Prompt, received: list[Sample]) -> None:
+        samples = [sample for sample in received if self.tracker.receive(sample)]
         self.counts.generated += len(samples)
         if not samples:
             return

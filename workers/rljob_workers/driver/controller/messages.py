@@ -45,6 +45,9 @@ def received_sample(completion: sample_pb2.Completion) -> Sample:
 
 
 def reward_request(prompt: Prompt, sample: Sample) -> sample_pb2.RewardSample:
+    """What the reward pool scores: the prompt and completion; of an episode, its whole conversation as
+    `messages` and its last model turn as `completion`."""
+    conversation = sample.episode.messages if sample.episode is not None else prompt.messages or ()
     return sample_pb2.RewardSample(
         sample_id=sample.sample_id,
         prompt_id=sample.prompt_id,
@@ -53,7 +56,7 @@ def reward_request(prompt: Prompt, sample: Sample) -> sample_pb2.RewardSample:
         fields=prompt.fields,
         token_ids=sample.token_ids,
         policy_version=sample.policy_version,
-        messages=[sample_pb2.ChatMessage(role=m["role"], content=m["content"]) for m in prompt.messages or ()],
+        messages=[sample_pb2.ChatMessage(role=str(m["role"]), content=str(m["content"])) for m in conversation],
     )
 
 

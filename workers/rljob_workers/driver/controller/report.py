@@ -29,6 +29,11 @@ class Counts:
     filtered: int = 0  # scored samples of groups dynamic sampling dropped (all rewards equal)
     filtered_groups: int = 0  # those groups
     masked_truncated: int = 0  # scored samples cut at maxNewTokens and left out of the loss (maskTruncated)
+    episodes: int = 0  # episodes played to their end (done, or truncated by maxTurns or the token budget)
+    turns: int = 0  # model turns of those episodes
+    episode_restarts: int = 0  # episodes started again from the start (an environment error, a lost replica)
+    environment_errors: int = 0  # attempts of episodes an environment error ended
+    excluded_environment_error: int = 0  # episodes excluded after environment errors (onError: exclude)
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,13 @@ class LoggedSample:
     policy_version: int  # of its first token
     last_policy_version: int  # of its last (the same unless a version came while it was generated)
     truncated: bool  # cut at maxNewTokens
+    # An episode's conversation: every message, each model turn with the reward the environment gave it.
+    messages: list[dict[str, object]] | None = None
+    # An episode's token sequence exactly as trained: the prompt's ids, then each turn as sampled and each
+    # observation as encoded once, with the loss mask (1: the model sampled it; 0: an observation's).
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+    loss_mask: list[int] | None = None
 
 
 @dataclass
@@ -70,6 +82,9 @@ class StepReport:
     group_latency_max: float = 0.0
     sync_seconds: float = 0.0  # of step_seconds, the weight sync to the rollout pool
     group_reward_means: list[float] = field(default_factory=list)  # each trained group's, as prompt_ids
+    # The lowest and highest reward of the step's samples (the reward curve's band stays inside them).
+    reward_min: float = 0.0
+    reward_max: float = 0.0
     # Groups dynamic sampling dropped since the step before (all rewards equal), and each one's reward.
     filtered_prompt_ids: list[str] = field(default_factory=list)
     filtered_reward_means: list[float] = field(default_factory=list)
@@ -86,6 +101,10 @@ class StepReport:
     # spec.logging.samples of the step's trained samples, for samples/step-N.jsonl and the trackers (not in
     # metrics.jsonl).
     logged_samples: list[LoggedSample] = field(default_factory=list)
+    # spec.environment: turns per episode (mean, max), episode tokens, the share truncated by the turn limit or
+    # the budget, tool calls by tool, and since the step before the environment's step latency (p50, p99),
+    # its errors by kind and the episodes in flight.
+    episodes: dict[str, float] = field(default_factory=dict)
 
 
 def mismatch_of(metrics: dict[str, float]) -> tuple[float | None, float | None]:

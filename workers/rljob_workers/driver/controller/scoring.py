@@ -24,6 +24,18 @@ log = logging.getLogger(__name__)
 WAIT_BACKOFF_CAP_SECONDS = 5.0
 
 
+def with_environment(
+    config: ControllerConfig, sample: Sample, score: float, components: dict[str, float]
+) -> tuple[float, dict[str, float]]:
+    """An episode's reward: the reward functions' weighted sum plus its return (turn and final rewards), weighted
+    by spec.environment.rewardWeight and named rewardName among the components."""
+    environment = config.environment
+    if environment is None or sample.episode is None:
+        return score, components
+    value = sample.episode.episode_return
+    return score + environment.reward_weight * value, {**components, environment.reward_name: value}
+
+
 class RewardScoring:
     """Scores the controller's samples. `changed` is the controller's condition: every score, exclusion and
     failure is recorded under it and wakes its waiters; `fail` ends the run (the controller's)."""
@@ -45,6 +57,11 @@ class RewardScoring:
     async def score(self, prompt: Prompt, samples: list[Sample]) -> None:
         """Score samples ready together in one call to the scorer and one update of their group; a
         sample whose reward failed is retried, waited for or excluded on its own (onError)."""
+        if not self.config.reward_functions:  # the environment's return is the whole reward
+            await self._record_scores(
+                [(sample, sample_pb2.SampleScore(sample_id=sample.sample_id)) for sample in samples]
+            )
+            return
         requests = [reward_request(prompt, sample) for sample in samples]
         results = await self.scorer.score_many(requests)
         await self._record_scores([(s, r) for s, r in zip(samples, results, strict=True) if not r.HasField("error")])
@@ -57,7 +74,8 @@ class RewardScoring:
         async with self._changed:
             for sample, result in scored:
                 self.counts.scored += 1
-                self.tracker.score(sample.prompt_id, sample.index, result.score, dict(result.components))
+                score, components = with_environment(self.config, sample, result.score, dict(result.components))
+                self.tracker.score(sample.prompt_id, sample.index, score, components)
             self._changed.notify_all()
 
     async def _retry(self, sample: Sample, request: sample_pb2.RewardSample, result: sample_pb2.SampleScore) -> None:

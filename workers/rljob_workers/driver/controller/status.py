@@ -51,6 +51,8 @@ class RunView:
             message=self.message,
         )
         status.samples.waiting_for_reward, status.reward_wait_reason = c.waiting_for_reward
+        if c.episodes is not None:
+            status.samples.episodes_in_flight = c.episodes.in_flight
         if self.history is not None:
             status.run_id = self.history.run_id
             status.restarts.extend(self.history.entries)

@@ -4,6 +4,7 @@ functions, no I/O)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from itertools import zip_longest
 
 from rljob_workers.driver.controller.batch import StepBatch
@@ -38,6 +39,7 @@ def logged_samples(groups: list[Group], advantages: list[float], count: int) -> 
 
 
 def _logged(group: Group, sample: Sample, advantage: float) -> LoggedSample:
+    episode = sample.episode
     return LoggedSample(
         prompt_id=group.prompt.prompt_id,
         prompt=group.prompt.text,
@@ -48,7 +50,29 @@ def _logged(group: Group, sample: Sample, advantage: float) -> LoggedSample:
         policy_version=sample.policy_version,
         last_policy_version=sample.policy_version if sample.last_version is None else sample.last_version,
         truncated=sample.truncated,
+        messages=episode.messages if episode is not None else None,
+        prompt_token_ids=list(episode.prompt_ids) if episode is not None else None,
+        token_ids=list(episode.ids) if episode is not None else None,
+        loss_mask=list(episode.mask) if episode is not None else None,
     )
+
+
+def episode_metrics(scored: list[Sample], stats: dict[str, float] | None) -> dict[str, float]:
+    """What the step's episodes did (none: {}), with the environment's `stats` since the step before."""
+    episodes = [sample.episode for sample in scored if sample.episode is not None]
+    if not episodes:
+        return dict(stats or {})
+    turns = [episode.turns for episode in episodes]
+    tools = Counter(tool for episode in episodes for tool in episode.tools if tool)
+    return {
+        "turns_mean": sum(turns) / len(turns),
+        "turns_max": float(max(turns)),
+        "episode_tokens_mean": sum(len(e.prompt_ids) + len(e.ids) for e in episodes) / len(episodes),
+        "truncated_share": sum(1 for e in episodes if e.truncated) / len(episodes),
+        "return_mean": sum(e.episode_return for e in episodes) / len(episodes),
+        **{f"tool_calls_{tool}": float(n) for tool, n in sorted(tools.items())},
+        **(stats or {}),
+    }
 
 
 def step_report(
@@ -64,6 +88,7 @@ def step_report(
     checkpoint: str | None,
     times: dict[str, float],
     log_samples: int,
+    episode_stats: dict[str, float] | None = None,
 ) -> StepReport:
     """The report of the step that trained `groups` (`batch`) and used up `filtered` (dynamic sampling dropped
     them), with the trainer's `metrics`; `times` are its step, wait and sync seconds, `log_samples` how many of
@@ -80,6 +105,8 @@ def step_report(
         version=version,
         reward_mean=reward_mean,
         reward_std=reward_std,
+        reward_min=min(rewards, default=0.0),
+        reward_max=max(rewards, default=0.0),
         staleness_mean=sum(batch.lags) / max(len(batch.lags), 1),
         staleness_max=max(batch.lags, default=0),
         samples=len(batch.samples),
@@ -103,6 +130,7 @@ def step_report(
         step_seconds=times["step_seconds"],
         wait_seconds=times["wait_seconds"],
         sync_seconds=times["sync_seconds"],
+        episodes=episode_metrics(scored, episode_stats),
     )
 
 

@@ -19,6 +19,7 @@ from rljob_api.colocate import ROLLOUT_GPU_SHARE, TRAINER_GPU_SHARE
 from rljob_api.workercfg import Pool, WorkerConfigs, pool_resource
 from rljob_workers.common.auth import TOKEN_FILE_ENV
 from rljob_workers.driver.errors import SetupError, first_line
+from rljob_workers.environment.actor import EnvironmentActor
 from rljob_workers.reward.actor import RewardActor
 from rljob_workers.rollout.actor import RolloutActor
 from rljob_workers.trainer.actor import TrainerActor
@@ -129,7 +130,8 @@ class RayTrainer:
 
     async def train_step(self, samples: list[TrainSample]) -> dict[str, float]:
         world = len(self.actors)
-        tokens = sum(len(s.token_ids) for s in samples)
+        # the tokens trained on (an episode's observations are not)
+        tokens = sum(len(s.token_ids) if s.loss_mask is None else sum(s.loss_mask) for s in samples)
         shards = [samples[rank::world] for rank in range(world)]
         results = await asyncio.gather(
             *(a.train_step.remote(s, len(samples), tokens) for a, s in zip(self.actors, shards, strict=True))
@@ -229,6 +231,11 @@ class ActorPool:
 
 def rollout_pool(configs: WorkerConfigs, cpus: float) -> ActorPool:
     return ActorPool("rollout", RolloutActor, configs.rollout.model_dump_json(), cpus, configs.rollout.gpus)
+
+
+def environment_pool(configs: WorkerConfigs, cpus: float) -> ActorPool:
+    config = configs.environment.model_dump_json() if configs.environment is not None else "{}"
+    return ActorPool("environment", EnvironmentActor, config, cpus, 0)
 
 
 def reward_pool(configs: WorkerConfigs, cpus: float) -> ActorPool:

@@ -36,6 +36,12 @@ RAYLET_POLL_SECONDS = 0.02
 RAYLET_WAIT_SECONDS = 30.0
 
 
+def environment_replicas(configs: WorkerConfigs) -> int:
+    """The environment actors a local run starts (kind python): at least one."""
+    environment = configs.controller.environment
+    return max(environment.replicas.min, 1) if environment is not None else 0
+
+
 def init_local_ray(configs: WorkerConfigs, pool_cpus: Mapping[Pool, float], env: dict[str, str]) -> None:
     """A local Ray cluster on 127.0.0.1 advertising enough of each pool's resource for the job (each of its
     replicas asking for `pool_cpus[pool]`), its processes started with `env` (see `worker_env`)."""
@@ -47,6 +53,8 @@ def init_local_ray(configs: WorkerConfigs, pool_cpus: Mapping[Pool, float], env:
         "reward": configs.controller.reward_replicas.max,
         "trainer": configs.trainer.world_size,
     }
+    if configs.environment is not None:  # a spare for a replacement replica
+        counts["environment"] = environment_replicas(configs) + 1
     # Every actor fits even on a small machine: cores are shared, Ray only books them.
     cpus = sum(counts[pool] * pool_cpus[pool] for pool in counts) + 1
     # One spare rollout slot for a replacement replica.

@@ -17,7 +17,8 @@ from dataclasses import replace
 
 from rljob_api import RLJobInvalid
 from rljob_workers.driver.errors import SetupError, StoppedBeforePoolsUp
-from rljob_workers.driver.run.gpu_fit import check_colocate_fits, require_gpu_to_colocate
+from rljob_workers.driver.run.environment_check import check_environment
+from rljob_workers.driver.run.gpu_fit import check_colocate_fits, require_gpu_to_colocate, require_gpus_here
 from rljob_workers.driver.run.plan import RunPlan
 from rljob_workers.driver.run.preflight import check_models, check_quickly, prepare
 from rljob_workers.driver.run.rundir import FolderLock, job_token, lock_run_folders, resume_from
@@ -72,7 +73,7 @@ def _set_up_and_run(plan: RunPlan, locks: list[FolderLock]) -> int:
 
 def _set_up_cluster(plan: RunPlan, locks: list[FolderLock]) -> tuple[RunPlan, Trackers]:
     check_colocate_fits(plan.job, cluster=True)
-    prepare(plan)
+    plan = replace(plan, environment=prepare(plan))
     locks += lock_run_folders(plan.output, plan.checkpoints)
     plan = replace(plan, token=job_token(plan.output, cluster=True))
     check_startable(plan.job, plan.output)
@@ -82,7 +83,9 @@ def _set_up_cluster(plan: RunPlan, locks: list[FolderLock]) -> tuple[RunPlan, Tr
 def _set_up_locally(plan: RunPlan, locks: list[FolderLock]) -> tuple[RunPlan, Trackers]:
     local_ray_environment()
     check_quickly(plan)
+    plan = replace(plan, environment=check_environment(plan.job))
     require_gpu_to_colocate(plan.job)  # imports torch, so only for a colocated job
+    require_gpus_here(plan.job)  # imports torch only for a job that asks for GPUs
     checkpoints = plan.checkpoints
     locks += lock_run_folders(plan.output, checkpoints)
     resume_from(checkpoints, plan.resume)  # refuses to start over checkpoints before Ray starts

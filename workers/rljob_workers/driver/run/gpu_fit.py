@@ -4,6 +4,10 @@ torch, or from `rljob validate --deep --gpu-memory` for a GPU this machine does 
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+from pathlib import Path
+
 from rljob_api import RLJob
 from rljob_api.colocate import COLOCATE_ON_A_CLUSTER
 from rljob_api.colocate_fit import colocate_refusal
@@ -48,6 +52,36 @@ def check_colocate_fits(job: RLJob, *, cluster: bool = False, gpu_bytes: int | N
     if refusal:
         raise SetupError(refusal)
     return True
+
+
+def visible_gpus() -> int:
+    """NVIDIA GPUs this machine shows its processes, counted as Ray counts them (device files, narrowed by
+    CUDA_VISIBLE_DEVICES) without importing torch: a check before Ray starts must take no seconds."""
+    devices = len([path for path in Path("/dev").glob("nvidia*") if path.name[len("nvidia") :].isdigit()])
+    chosen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if chosen is None:
+        return devices
+    return min(devices, len([d for d in chosen.split(",") if d.strip() and not d.strip().startswith("-")]))
+
+
+def require_gpus_here(job: RLJob, visible: Callable[[], int] = visible_gpus) -> None:
+    """`rljob run` of a job that asks for GPUs: there are as many here, or a SetupError naming the field. Ray
+    would otherwise wait for them for ever, its actors' leases pending without a word."""
+    rollout, trainer = job.spec.rollout, job.spec.trainer
+    asked = rollout.replicas * rollout.gpus_per_replica
+    if not job.spec.colocate:  # colocated, each rank shares its rollout replica's GPU
+        asked += trainer.nodes * trainer.gpus_per_node
+    if asked == 0:
+        return
+    here = visible()
+    if asked <= here:
+        return
+    field = "spec.rollout.gpusPerReplica" if rollout.gpus_per_replica else "spec.trainer.gpusPerNode"
+    raise SetupError(
+        f"{field}: the job asks for {asked} GPU{'s' if asked > 1 else ''} (rollout.replicas × gpusPerReplica"
+        f"{'' if job.spec.colocate else ' + trainer.nodes × gpusPerNode'}) and {here} {'is' if here == 1 else 'are'} "
+        "visible here; set rollout.gpusPerReplica and trainer.gpusPerNode to 0 to run on CPU"
+    )
 
 
 def require_gpu_to_colocate(job: RLJob) -> None:

@@ -13,6 +13,7 @@ from rljob_api import RLJob, derive_worker_configs, load_rljob
 from rljob_api.workercfg import Pool, WorkerConfigs
 from rljob_workers.common.auth import JobToken
 from rljob_workers.driver.errors import SetupError
+from rljob_workers.driver.pools.environment import EnvironmentInfo
 
 RUNS_FOLDER = "rljob-runs"  # the default output is <this>/<job name>, under the current folder
 
@@ -32,6 +33,7 @@ class RunPlan:
     stop_timeout: float = 60.0  # seconds a SIGINT/SIGTERM stop may take (`stopping`)
     rollout_python: str | None = None  # the rollout replicas' interpreter (None: this one)
     token: JobToken | None = None  # the job's, once the run folder is locked (`rundir.job_token`)
+    environment: EnvironmentInfo | None = None  # what spec.environment's Info said (`preflight.check_environment`)
 
     @property
     def checkpoints(self) -> Path:
@@ -42,7 +44,13 @@ class RunPlan:
     def pool_cpus(self) -> dict[Pool, float]:
         """The CPUs each replica of each pool asks for (spec.<pool>.cpus)."""
         spec = self.job.spec
-        return {"rollout": spec.rollout.cpus, "reward": spec.reward.cpus, "trainer": spec.trainer.cpus}
+        environment = spec.environment.cpus if spec.environment is not None else 0.0
+        return {
+            "rollout": spec.rollout.cpus,
+            "reward": spec.reward.cpus,
+            "trainer": spec.trainer.cpus,
+            "environment": environment,
+        }
 
     @property
     def serve_host(self) -> str:
@@ -77,6 +85,11 @@ def resolved_job(job: RLJob, steps: int | None = None) -> RLJob:
     if spec.data.eval is not None:
         spec.data.eval.path = str(Path(spec.data.eval.path).resolve())
     spec.checkpoint.dir = str(Path(spec.checkpoint.dir).resolve())
+    remote = spec.environment.remote if spec.environment is not None else None
+    if remote is not None:
+        for name in ("ca_file", "token_file"):
+            if getattr(remote, name):
+                setattr(remote, name, str(Path(getattr(remote, name)).resolve()))
     return job
 
 

@@ -16,23 +16,27 @@ from rljob_workers.driver.placement import runtimes
 from rljob_workers.driver.placement.launcher import (
     ActorPool,
     RayTrainer,
+    environment_pool,
     pool_started,
     reward_pool,
     rollout_pool,
     worker_env,
 )
+from rljob_workers.driver.placement.ray_node import environment_replicas
 from rljob_workers.driver.pools.elastic import ElasticRewardPool
+from rljob_workers.driver.pools.environment import EnvironmentClients
 from rljob_workers.driver.pools.reward.router import RewardRouter
 from rljob_workers.driver.pools.rollout import RolloutClients
 from rljob_workers.driver.run.plan import RunPlan
 from rljob_workers.driver.run.supervision import PoolSupervisor, Restart
+from rljob_workers.reward.remote import token_path
 
 # Longest wait for the pools' replicas to stop cleanly at the run's end (each is killed after its own grace).
 STOP_ALL_SECONDS = 30
 
 
 class JobPools:
-    """Rollout, reward and trainer: their actors and the controller's clients of them."""
+    """Rollout, reward, trainer and environment: their actors and the controller's clients of them."""
 
     def __init__(self, plan: RunPlan) -> None:
         self.plan = plan
@@ -46,6 +50,14 @@ class JobPools:
         self.trainer: RayTrainer | None = None
         self.weight_sync: WeightSync | None = None
         self.elastic: ElasticRewardPool | None = None
+        spec = configs.controller.environment
+        # kind python: the job's environment actors; kind remote: the endpoints alone
+        self.environment: ActorPool | None = None
+        self.environments: EnvironmentClients | None = None
+        if spec is not None:
+            self.environments = EnvironmentClients(spec.max_episodes_per_replica, spec.step_timeout_seconds)
+            if configs.environment is not None:
+                self.environment = environment_pool(configs, cpus["environment"])
 
     def use_token(self, token: JobToken) -> None:
         """Every pool serves with `token`; every client of the run sends it. On a cluster each actor carries
@@ -53,15 +65,27 @@ class JobPools:
         self.actor_env = worker_env(token.path) if self.plan.cluster else None
         self.rollout.env = self.reward.env = self.actor_env
         self.clients.token = self.router.token = token.value
+        if self.environment is not None:
+            self.environment.env = self.actor_env
+        if self.environments is not None:
+            self.environments.token = token.value
 
     async def start(self, resume_dir: Path | None) -> RayTrainer:
         """Every pool at once (a replica's start is mostly its process importing and loading); the trainer."""
         c, cpus, model = self.plan.configs, self.plan.pool_cpus, f"spec.model.path: {self.plan.job.spec.model.path}"
         rollouts, rewards = c.controller.rollout_replicas, max(c.controller.reward_replicas.min, 1)
+        rewards = rewards if c.controller.reward_functions else 0  # the environment alone gives the reward
+        environment = self.environment
+        environments = environment_replicas(c) if environment is not None else 0
         group = await self.rollout.share_gpus_with_trainer(c, cpus["trainer"])  # None unless spec.colocate
         replicas = asyncio.gather(
             *(pool_started("rollout", model, self.rollout.add()) for _ in range(rollouts)),
             *(pool_started("reward", "spec.reward.functions", self.reward.add()) for _ in range(rewards)),
+            *(
+                pool_started("environment", "spec.environment.class", environment.add())
+                for _ in range(environments)
+                if environment is not None
+            ),
         )
         if group is not None:  # colocated: vLLM sizes its share by the memory free at its start, so it goes first
             await replicas
@@ -70,10 +94,22 @@ class JobPools:
         started, trainer = await asyncio.gather(replicas, pool_started("trainer", model, trainer_started))
         for name, address in started[:rollouts]:
             self.clients.add(name, address)
-        for name, address in started[rollouts:]:
+        for name, address in started[rollouts : rollouts + rewards]:
             await self.router.add_replica(name, address)
+        self._attach_environments(started[rollouts + rewards :])
         self.trainer = trainer
         return trainer
+
+    def _attach_environments(self, started: list[tuple[str, str]]) -> None:
+        """The environment replicas just started, or a `kind: remote` environment's endpoints."""
+        spec = self.plan.configs.controller.environment
+        if self.environments is None or spec is None:
+            return
+        for name, address in started:
+            self.environments.add(name, address)
+        if spec.remote is not None:
+            path = token_path("environment", spec.remote)
+            self.environments.add_remote(spec.remote, path.read_text().strip() if path else None)
 
     async def sync_first_weights(self, version: int) -> WeightSync:
         """Publish the trainer's weights as `version` and bring every rollout replica to it."""
@@ -90,9 +126,12 @@ class JobPools:
             await asyncio.gather(*(sync.catch_up(r, version) for r in self.clients.live()))
         return sync
 
-    def start_elastic(self, arrivals: Callable[[], int]) -> ElasticRewardPool:
-        """The reward pool, sized by the elastic policy from now on (`arrivals`: samples sent to reward so far)."""
+    def start_elastic(self, arrivals: Callable[[], int]) -> ElasticRewardPool | None:
+        """The reward pool, sized by the elastic policy from now on (`arrivals`: samples sent to reward so far);
+        None for a job without reward functions (its environment gives the reward)."""
         c = self.plan.configs.controller
+        if not c.reward_functions:
+            return None
         self.elastic = ElasticRewardPool(
             self.router,
             self.reward,
@@ -140,7 +179,20 @@ class JobPools:
             on_restart=on_restart,
             lock=self.elastic.lock if self.elastic is not None else asyncio.Lock(),
         )
-        return [rollout, reward]
+        supervisors = [rollout, reward]
+        environments = self.environments
+        if self.environment is not None and environments is not None:
+            supervisors.append(
+                PoolSupervisor(
+                    self.environment,
+                    restarts["environment"],
+                    lost=lambda name: name in environments.replicas and not environments.replicas[name].alive,
+                    attach=lambda name, address: _attached(environments.add(name, address)),
+                    detach=lambda name, cause: environments.remove(name),
+                    on_restart=on_restart,
+                )
+            )
+        return supervisors
 
     def sizes(self) -> dict[str, tuple[int, int, list[str]]]:
         """Each pool's (desired, ready, drained replicas), as the status reports them."""
@@ -148,11 +200,19 @@ class JobPools:
         reward: tuple[int, int, list[str]] = (len(self.reward.actors), len(self.reward.actors), [])
         if self.elastic is not None:
             reward = (self.elastic.desired, self.elastic.ready(), list(self.elastic.drained))
-        return {
+        sizes = {
             "rollout": (c.controller.rollout_replicas, len(self.clients.live()), []),
             "trainer": (c.trainer.world_size, c.trainer.world_size, []),
-            "reward": reward,
+            **({"reward": reward} if c.controller.reward_functions else {}),  # none: the environment gives it
+            **self._environment_size(),
         }
+        return sizes
+
+    def _environment_size(self) -> dict[str, tuple[int, int, list[str]]]:
+        if self.environments is None:
+            return {}
+        desired = len(self.environment.actors) if self.environment is not None else len(self.environments.replicas)
+        return {"environment": (desired, len(self.environments.live()), [])}
 
     async def stop(self) -> None:
         """Close the clients, then stop every replica (each killed if it does not stop in time)."""
@@ -160,5 +220,13 @@ class JobPools:
             await self.router.close()
         with contextlib.suppress(Exception):
             await self.clients.close()
+        if self.environments is not None:
+            with contextlib.suppress(Exception):
+                await self.environments.close()
+        pools = [self.rollout, self.reward, *([self.environment] if self.environment is not None else [])]
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.gather(self.rollout.stop_all(), self.reward.stop_all()), STOP_ALL_SECONDS)
+            await asyncio.wait_for(asyncio.gather(*(pool.stop_all() for pool in pools)), STOP_ALL_SECONDS)
+
+
+async def _attached(replica: object) -> None:
+    """A supervisor's attach is awaited; adding an environment replica's channel is not."""

@@ -22,10 +22,13 @@ from rljob_workers.common.chat import has_chat_template
 from rljob_workers.common.freeze import frozen_names
 from rljob_workers.driver.controller.data import DataError, read_rows
 from rljob_workers.driver.errors import SetupError, first_line
+from rljob_workers.driver.pools.environment import EnvironmentInfo
+from rljob_workers.driver.run.environment_check import check_environment
 from rljob_workers.driver.run.plan import RunPlan
 from rljob_workers.driver.telemetry.trackers import TrackerError, check_installed
 from rljob_workers.reward.base import RewardConfigError
 from rljob_workers.reward.callables import load_function
+from rljob_workers.reward.conventions import peer_arguments, resolve_signature
 from rljob_workers.reward.functions import RESERVED_ARGS
 from rljob_workers.reward.modelpool import declares
 
@@ -33,14 +36,16 @@ from rljob_workers.reward.modelpool import declares
 OPTIONAL_ENGINES = {"vllm": "vllm", "sglang": "sglang"}
 
 
-def prepare(plan: RunPlan) -> None:
-    """Every set-up check (`rljob validate --deep`, and `rljob run --cluster` before it joins Ray). On a
-    cluster the rollout engine is not looked for here: the rollout pods run an image of their own
-    (spec.rollout.image); the driver's ports must be free instead."""
+def prepare(plan: RunPlan) -> EnvironmentInfo | None:
+    """Every set-up check (`rljob validate --deep`, and `rljob run --cluster` before it joins Ray); what
+    spec.environment's Info said. On a cluster the rollout engine is not looked for here: the rollout pods run
+    an image of their own (spec.rollout.image); the driver's ports must be free instead."""
     check_quickly(plan)
+    environment = check_environment(plan.job)
     check_models(plan.job)
     if plan.cluster:
         check_ports_free({"control": plan.configs.ports.control, "metrics": plan.configs.ports.metrics})
+    return environment
 
 
 def check_quickly(plan: RunPlan) -> None:
@@ -206,10 +211,22 @@ def _indexed(functions: list[RewardFunction]) -> Iterator[tuple[str, RewardFunct
 def check_rewards(job: RLJob) -> None:
     """Every rule imports and accepts the job's fields (reward model folders: `check_models`)."""
     fields = [f for f in job.spec.data.fields if f not in RESERVED_ARGS]
-    messages = job.spec.data.messages_field is not None
+    # messages data and episodes: the conversation too
+    messages = job.spec.data.messages_field is not None or job.spec.environment is not None
     for where, function in _indexed(job.spec.reward.functions):
         if function.rule is not None:
             _check_rule(f"{where}.rule.function", function, fields, messages=messages)
+
+
+def rule_conventions(job: RLJob) -> list[str]:
+    """How each rule function is called and why (`rljob validate --deep` prints them), once they import."""
+    lines = []
+    for where, function in _indexed(job.spec.reward.functions):
+        if function.rule is not None:
+            fn = load_function(function.name, function.rule.function)
+            convention, why = resolve_signature(fn, function.rule.signature)
+            lines.append(f"{where} {function.name!r}: called as {convention} ({why})")
+    return lines
 
 
 def _check_rule(field: str, function: RewardFunction, fields: list[str], *, messages: bool = False) -> None:
@@ -223,6 +240,15 @@ def _check_rule(field: str, function: RewardFunction, fields: list[str], *, mess
         signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # a builtin or C callable: nothing to check before it is called
+    convention, why = resolve_signature(fn, function.rule.signature)
+    if convention != "rljob":  # TRL's or verl's form: bound as its adapter will call it
+        peer = peer_arguments(convention, "", "", None, dict.fromkeys(fields, ""))
+        try:
+            signature.bind(**peer)
+        except TypeError as exc:
+            called = f"called as {convention} ({why}) with {', '.join(peer)}"
+            raise SetupError(f"{field}: {ref}{signature}, {called}: {exc}") from None
+        return
     # What the reward pool passes besides the fields: `sample` and `judge` to a rule that declares them.
     extra: dict[str, object] = {name: None for name in ("sample", "judge") if declares(fn, name)}
     if messages:  # messages data: the conversation too

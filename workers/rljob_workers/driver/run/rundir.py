@@ -112,11 +112,11 @@ def resume_from(root: Path, resume: bool) -> Path | None:
 
 
 def starting_point(
-    configs: WorkerConfigs, output: Path, resume: bool
+    configs: WorkerConfigs, output: Path, resume: bool, tools: tuple[dict[str, Any], ...] = ()
 ) -> tuple[Path | None, dict[str, Any], PromptSource]:
     """Where a run starts: the checkpoint (None: from scratch), its saved state, and the prompts
-    positioned where it left them. The metrics lines of steps after the checkpoint (every step, with
-    none) go: those steps are trained again."""
+    positioned where it left them (rendered offering an environment's `tools`). The metrics lines of steps
+    after the checkpoint (every step, with none) go: those steps are trained again."""
     resume_dir = resume_from(Path(configs.trainer.checkpoint.dir), resume)
     state = checkpoint.read_state(resume_dir) if resume_dir else {}
     if resume_dir:
@@ -125,7 +125,9 @@ def starting_point(
             *(resume_dir, int(state.get("step", 0)), int(state.get("policy_version", 0))),
         )
     data = configs.controller.data
-    chat = chat_prompts(configs.controller.model_path, data.chat_template, data.messages_field, data.system_prompt)
+    chat = chat_prompts(
+        configs.controller.model_path, data.chat_template, data.messages_field, data.system_prompt, tools
+    )
     prompts = load_prompts(
         *(data.path, data.prompt_field, data.fields, configs.controller.algorithm.seed, data.shuffle),
         messages_field=data.messages_field,

@@ -18,8 +18,11 @@ import ray
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob.v1 import control_service_pb2_grpc as control_grpc
 from rljob_workers.common.grpc_server import RunningServer, Service, start_server
+from rljob_workers.driver.controller.episode import Play
+from rljob_workers.driver.controller.episodes import EpisodeRunner
 from rljob_workers.driver.controller.evaluation import evaluation_for
 from rljob_workers.driver.controller.loop import Controller
+from rljob_workers.driver.controller.observations import ObservationEncoder
 from rljob_workers.driver.controller.report import Counts, RunFailed, StepReport
 from rljob_workers.driver.controller.status import ControlServicer, RunView, final_status_message
 from rljob_workers.driver.errors import first_line
@@ -38,9 +41,9 @@ from rljob_workers.driver.run.supervision import (
     failed_run_exit_code,
     supervise,
 )
+from rljob_workers.driver.telemetry.curve import plot_rewards
 from rljob_workers.driver.telemetry.files import METRICS_JSONL, REWARD_CURVE
 from rljob_workers.driver.telemetry.live import RunTelemetry
-from rljob_workers.driver.telemetry.metrics import plot_rewards
 from rljob_workers.driver.telemetry.trackers import Trackers
 
 log = logging.getLogger("rljob")
@@ -91,7 +94,8 @@ class RunSession:
         try:
             token = plan.token or job_token(plan.output, cluster=plan.cluster)
             self.pools.use_token(token)
-            resume_dir, state, prompts = starting_point(plan.configs, plan.output, plan.resume)
+            tools = plan.environment.tools if plan.environment is not None else ()
+            resume_dir, state, prompts = starting_point(plan.configs, plan.output, plan.resume, tools)
             if plan.cluster:
                 init_ray(address="auto", logging_level=logging.WARNING)
             elif not ray.is_initialized():  # `rljob run` starts it beside its checks (command.py)
@@ -129,7 +133,9 @@ class RunSession:
         started = time.monotonic()
         trainer = await self.pools.start(resume_dir)
         weight_sync = await self.pools.sync_first_weights(int(state.get("policy_version", 0)))
-        controller = self.controller = self._controller(prompts, state, weight_sync.overlapped)
+        counts = Counts(**state.get("counts", {}))
+        episodes = await self._episodes(counts)
+        controller = self.controller = self._controller(prompts, state, weight_sync.overlapped, counts, episodes)
         self.history.trainer_back(controller.step)
         view = self.view = RunView(
             controller,
@@ -155,7 +161,9 @@ class RunSession:
         self._summary(rc, view)
         return rc
 
-    def _controller(self, prompts: Any, state: dict[str, Any], sync_weights: Any) -> Controller:
+    def _controller(
+        self, prompts: Any, state: dict[str, Any], sync_weights: Any, counts: Counts, episodes: EpisodeRunner | None
+    ) -> Controller:
         config, pools = self.plan.configs.controller, self.pools
         assert pools.trainer is not None
         return Controller(
@@ -166,11 +174,21 @@ class RunSession:
             trainer=pools.trainer,
             sync_weights=sync_weights,
             on_step=self._on_step,
-            evaluation=evaluation_for(config, pools.clients, pools.router, self.telemetry.eval_log.record),
+            evaluation=evaluation_for(config, pools.clients, pools.router, self.telemetry.eval_log.record, episodes),
             step=int(state.get("step", 0)),
             version=int(state.get("policy_version", 0)),
-            counts=Counts(**state.get("counts", {})),
+            counts=counts,
+            episodes=episodes,
         )
+
+    async def _episodes(self, counts: Counts) -> EpisodeRunner | None:
+        """spec.environment's episodes, played against the environment pool (None without one)."""
+        config, environments = self.plan.configs.controller, self.pools.environments
+        if config.environment is None or environments is None:
+            return None
+        info = self.plan.environment or await environments.info()
+        encoder = ObservationEncoder(config.model_path)
+        return EpisodeRunner(Play(config, self.pools.clients, environments, encoder, info), counts)
 
     async def _serve_control(self, view: RunView, token: str) -> RunningServer:
         name = control_pb.DESCRIPTOR.services_by_name["ControlService"].full_name
@@ -192,12 +210,11 @@ class RunSession:
     async def _drive(self, controller: Controller, view: RunView) -> int:
         """Run the controller to its end beside the display tick, elastic scaling and supervision; the exit
         code."""
-        elastic = self.pools.elastic
-        assert elastic is not None
+        elastic = self.pools.elastic  # None without reward functions: no reward pool to scale
         with self.telemetry.progress, self.telemetry.running():  # leaving it, the sample logs are written
             background = [
                 asyncio.create_task(self.telemetry.tick(view.snapshot, self._reward_sizes)),
-                asyncio.create_task(elastic.run()),
+                *([asyncio.create_task(elastic.run())] if elastic is not None else []),
                 asyncio.create_task(supervise(self.supervisors, self.trainer_watch, controller.fail)),
             ]
             try:

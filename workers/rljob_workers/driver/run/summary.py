@@ -44,7 +44,7 @@ def summary_lines(end: RunEnd) -> list[str]:
         lines.append(f"checkpoint:   {end.checkpoint}")
         if end.rc and end.job_file is not None:
             lines.append(f"resume with:  rljob run {end.job_file} --resume --output {end.output}")
-    if end.scored is not None:
+    if end.scored:  # by reward replica; none without reward functions
         lines.append("reward scored: " + ", ".join(f"{n} {k}" for n, k in end.scored.items()))
     lines.extend(eval_lines(end.output / EVAL_JSONL))
     if plots(end):

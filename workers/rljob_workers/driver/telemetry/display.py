@@ -33,6 +33,10 @@ def status_table(job: str, status: pb.JobStatus) -> Table:
         ("reward retries", str(s.reward_retries)),
         ("elapsed", f"{status.elapsed_seconds:.0f} s"),
     ]
+    if status.HasField("environment"):  # spec.environment: samples are episodes
+        per = s.turns / s.episodes if s.episodes else 0.0
+        rows.append(("episodes", f"in flight {s.episodes_in_flight}  played {s.episodes}  turns/episode {per:.2f}"))
+        rows.append(("environment", f"errors {s.environment_errors}  restarts {s.episode_restarts}"))
     if s.filtered_groups or s.masked_truncated:
         filtered = f"{s.filtered_groups} groups ({s.filtered} samples) with all-equal rewards"
         rows.append(("filtered", f"{filtered}  truncated, out of the loss {s.masked_truncated}"))
@@ -52,7 +56,9 @@ def status_table(job: str, status: pb.JobStatus) -> Table:
 
 
 def _pools(status: pb.JobStatus) -> list[tuple[str, Any]]:
-    return [("rollout", status.rollout), ("trainer", status.trainer), ("reward", status.reward)]
+    # A job without reward functions has no reward pool; one without spec.environment no environment pool.
+    pools = [("rollout", status.rollout), ("trainer", status.trainer)]
+    return pools + [(name, getattr(status, name)) for name in ("reward", "environment") if status.HasField(name)]
 
 
 class Progress:

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 from rljob_workers.driver.controller.eval_report import EvalReport
 from rljob_workers.driver.controller.report import Counts, StepReport
+from rljob_workers.driver.telemetry.episode_metrics import EpisodeMetrics
 from rljob_workers.driver.telemetry.files import METRICS_JSONL
 from rljob_workers.driver.telemetry.sample_log import SampleLog
 from rljob_workers.driver.telemetry.trackers import Trackers
@@ -130,6 +131,7 @@ class RunMetrics:
         )
         self.signals = SignalGauges(gauge)
         self.eval = EvalGauges(gauge)
+        self.episodes = EpisodeMetrics(self.registry, labels)
         self.filtered_groups = Counter(
             "rljob_filtered_groups",
             "Prompt groups dynamic sampling dropped (all rewards equal)",
@@ -182,6 +184,7 @@ class RunMetrics:
             if value is not None:
                 self.mismatch.labels(**self.labels, stat=stat).set(value)
         self.signals.update(self.labels, report)
+        self.episodes.update(report)
         if report.counts.filtered_groups > self._seen.filtered_groups:
             self.filtered_groups.labels(**self.labels).inc(report.counts.filtered_groups - self._seen.filtered_groups)
         for outcome in COUNT_HELP:
@@ -258,31 +261,3 @@ def first_reaching(records: list[dict[str, Any]], target: float, window: int) ->
         if sum(r["reward_mean"] for r in records[end - window : end]) / window >= target:
             return records[end - 1]
     return None
-
-
-def plot_rewards(jsonl: Path, png: Path, title: str = "") -> Path:
-    """The reward curve of a run (mean and std band per step) as a PNG. Figure, not pyplot: no global
-    state, so it may draw in a thread, and no pyplot import (a second here)."""
-    from matplotlib.figure import Figure
-
-    rows = [json.loads(line) for line in jsonl.read_text().splitlines() if line.strip()]
-    steps = [r["step"] for r in rows]
-    mean = [r["reward_mean"] for r in rows]
-    std = [r["reward_std"] for r in rows]
-    fig = Figure(figsize=(7, 4))
-    ax = fig.subplots()
-    ax.plot(steps, mean, label="mean reward")
-    ax.fill_between(
-        steps,
-        [m - s for m, s in zip(mean, std, strict=True)],
-        [m + s for m, s in zip(mean, std, strict=True)],
-        alpha=0.2,
-    )
-    ax.set_xlabel("train step")
-    ax.set_ylabel("reward")
-    ax.set_title(title or png.stem)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    return png

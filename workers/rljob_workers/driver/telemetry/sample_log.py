@@ -23,7 +23,19 @@ def samples_file(output: Path, step: int) -> Path:
 
 def sample_lines(step: int, samples: list[LoggedSample]) -> bytes:
     """The file's text: one JSON object per sample, its step first."""
-    return "".join(json.dumps({"step": step, **asdict(sample)}) + "\n" for sample in samples).encode()
+    return "".join(json.dumps({"step": step, **_fields(sample)}) + "\n" for sample in samples).encode()
+
+
+EPISODE_ONLY = ("messages", "prompt_token_ids", "token_ids", "loss_mask")
+
+
+def _fields(sample: LoggedSample) -> dict[str, object]:
+    """A sample's fields; the conversation and its token sequence only for an episode's."""
+    fields = asdict(sample)
+    for name in EPISODE_ONLY:
+        if fields[name] is None:
+            del fields[name]
+    return fields
 
 
 def write_whole(path: Path, data: bytes) -> None:

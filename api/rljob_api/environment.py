@@ -1,0 +1,91 @@
+"""Environments: multi-turn episodes against tools, sandboxes and games (spec.environment)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from .base import FieldRuleError, cel, cel_rules
+from .placement import Placement
+from .reward import NAME, OnError, RemoteReward, ReplicaRange
+
+EnvironmentKind = Literal["python", "remote"]
+CLASS_REF = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+
+
+class EnvironmentSpec(Placement):
+    """Where episodes are played: a Python class in environment actors, or EnvironmentService endpoints.
+
+    A Python environment is a class with ``reset(task) -> observation`` and ``step(action) -> (observation,
+    reward, done)``, sync or async (a gymnasium-style ``step`` returning ``(observation, reward, terminated,
+    truncated, info)`` works too); ``task`` is the data row's fields. Each episode's return (its turn rewards
+    plus its final reward) is the reward ``rewardName``, weighted by ``rewardWeight`` beside spec.reward's
+    functions, which then become optional.
+    """
+
+    kind: EnvironmentKind = Field(
+        description="python: `class` runs in environment actors; remote: `remote`'s endpoints."
+    )
+    class_ref: str | None = Field(
+        None,
+        alias="class",
+        description="`module.path:Class` of the environment (kind python); one instance per episode.",
+        pattern=CLASS_REF,
+        max_length=512,
+    )
+    remote: RemoteReward | None = Field(
+        None, description="EnvironmentService endpoints (kind remote): host:port, TLS, token, breaker."
+    )
+    replicas: ReplicaRange = Field(default_factory=ReplicaRange, description="Environment replicas (kind python).")
+    max_turns: int = Field(
+        8, description="Most model turns of an episode; an episode at it ends, truncated.", ge=1, le=1024
+    )
+    max_episode_tokens: int | None = Field(
+        None,
+        description=(
+            "The context budget: prompt, model turns and observations of one episode, in tokens. An episode that "
+            "would exceed it ends as truncated and is scored as it stands (algorithm.overlong.maskTruncated "
+            "applies). Unset: the prompt plus maxTurns × rollout.sampling.maxNewTokens."
+        ),
+        ge=1,
+    )
+    step_timeout_seconds: float = Field(
+        30.0, description="Deadline of one environment call (the start or a step); past it the attempt fails.", gt=0
+    )
+    retries: int = Field(
+        2, description="Restarts of an episode after environment errors, before onError.", ge=0, le=100
+    )
+    on_error: OnError = Field(
+        "fail",
+        description=(
+            "After retries: fail the job naming the environment and the episode; exclude the episode from training "
+            "and count it; or wait: keep restarting it while the environment's errors are failures or timeouts."
+        ),
+    )
+    reward_name: str = Field(
+        "environment", description="Name of the episode's return among the rewards (metrics, components).", pattern=NAME
+    )
+    reward_weight: float = Field(1.0, description="Weight of the episode's return in the sample's reward.")
+    max_episodes_per_replica: int = Field(
+        64, description="Episodes in flight on one environment replica.", ge=1, le=65536
+    )
+
+    @model_validator(mode="after")
+    def _config_matches_kind(self) -> EnvironmentSpec:
+        if self.kind == "python" and self.class_ref is None:
+            raise FieldRuleError("class", "is required when kind is python")
+        if self.kind == "remote" and self.remote is None:
+            raise FieldRuleError("remote", "is required when kind is remote")
+        if self.kind != "python" and self.class_ref is not None:
+            raise FieldRuleError("class", f"is set but kind is {self.kind}")
+        if self.kind != "remote" and self.remote is not None:
+            raise FieldRuleError("remote", f"is set but kind is {self.kind}")
+        return self
+
+    model_config = {
+        "json_schema_extra": cel_rules(
+            cel("has(self.class) == (self.kind == 'python')", "class must be set exactly when kind is python"),
+            cel("has(self.remote) == (self.kind == 'remote')", "remote must be set exactly when kind is remote"),
+        )
+    }

@@ -1,0 +1,208 @@
+"""The controller's view of the environment pool: one channel per replica (the job's environment actors, or a
+`kind: remote` environment's endpoints), episodes per replica, and one Episode stream per episode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from rljob.v1 import environment_service_pb2 as pb
+from rljob.v1 import environment_service_pb2_grpc as pb_grpc
+from rljob_api.reward import RemoteReward
+from rljob_workers.common.grpc_server import CLIENT_OPTIONS, channel
+from rljob_workers.driver.pools.rollout import REPLICA_LOST
+
+ERROR_KINDS = {
+    pb.ENVIRONMENT_ERROR_KIND_INVALID_ACTION: "invalid_action",
+    pb.ENVIRONMENT_ERROR_KIND_ENVIRONMENT_FAILURE: "failure",
+    pb.ENVIRONMENT_ERROR_KIND_TIMEOUT: "timeout",
+}
+
+
+class EnvironmentLost(Exception):
+    """An episode's call failed: its replica is gone, it answered nothing in time, or not at all.
+    `kind` is failure, timeout or lost (the replica)."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class EnvironmentInfo:
+    """What an environment's Info said: its name, its tools (in the chat templates' function format), the
+    strings that end a model turn, its own turn limit."""
+
+    name: str
+    tools: tuple[dict[str, Any], ...] = ()
+    stop: tuple[str, ...] = ()
+    max_turns: int = 0
+
+    @classmethod
+    def from_info(cls, info: pb.EnvironmentServiceInfoResponse) -> EnvironmentInfo:
+        tools = tuple(
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description,
+                    "parameters": json.loads(t.parameters_json or "{}"),
+                },
+            }
+            for t in info.tools
+        )
+        return cls(info.name, tools, tuple(info.stop), info.max_turns)
+
+    @property
+    def tool_names(self) -> list[str]:
+        return [tool["function"]["name"] for tool in self.tools]
+
+
+@dataclass
+class EnvironmentReplica:
+    name: str
+    address: str
+    channel: grpc.aio.Channel
+    stub: pb_grpc.EnvironmentServiceStub
+    metadata: tuple[tuple[str, str], ...] = ()
+    episodes: int = 0
+    alive: bool = True
+    supervised: bool = True  # one of the job's environment actors (False: a kind remote endpoint)
+
+
+@dataclass
+class EpisodeStream:
+    """One episode's stream on one replica: each `ask` sends a request and waits for its answer."""
+
+    replica: EnvironmentReplica
+    call: Any
+    timeout: float
+    latencies: list[float]
+    on_close: Callable[[], None] = lambda: None
+
+    async def ask(self, request: pb.EpisodeRequest) -> pb.EpisodeResponse:
+        started = time.monotonic()
+        try:
+            await asyncio.wait_for(self.call.write(request), self.timeout)
+            response = await asyncio.wait_for(self.call.read(), self.timeout)
+        except TimeoutError:
+            raise EnvironmentLost(
+                f"environment replica {self.replica.name} answered nothing within stepTimeoutSeconds {self.timeout:g}",
+                "timeout",
+            ) from None
+        except asyncio.InvalidStateError:  # the write came after the stream ended: its replica went away
+            code = await self.call.code()
+            self.replica.alive = self.replica.alive and not (code in REPLICA_LOST and self.replica.supervised)
+            kind = "lost" if code in REPLICA_LOST else "failure"
+            raise EnvironmentLost(f"environment replica {self.replica.name} ended the stream: {code}", kind) from None
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() in REPLICA_LOST:
+                # one of the job's replicas is replaced by its supervisor; a remote endpoint stays: it may be back
+                self.replica.alive = not self.replica.supervised
+                raise EnvironmentLost(
+                    f"environment replica {self.replica.name} lost: {exc.details()}", "lost"
+                ) from None
+            raise EnvironmentLost(f"environment replica {self.replica.name}: {exc.details()}", "failure") from None
+        if response is grpc.aio.EOF:  # type: ignore[attr-defined]  # grpc's stubs lack it
+            raise EnvironmentLost(f"environment replica {self.replica.name} ended the episode's stream", "failure")
+        self.latencies.append(time.monotonic() - started)
+        return response  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self.call.cancel()
+        self.replica.episodes -= 1
+        self.on_close()
+
+
+@dataclass
+class EnvironmentClients:
+    """Live environment replicas by name; each episode goes to the one with the fewest."""
+
+    max_episodes: int
+    step_timeout: float
+    token: str | None = None  # the job's, for its own replicas
+    replicas: dict[str, EnvironmentReplica] = field(default_factory=dict)
+    latencies: list[float] = field(default_factory=list)  # of every call since the last `take_latencies`
+    _slot_freed: asyncio.Condition = field(default_factory=asyncio.Condition)
+    _notifying: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def add(self, name: str, address: str) -> EnvironmentReplica:
+        ch = channel(address, self.token)
+        replica = self.replicas[name] = EnvironmentReplica(name, address, ch, pb_grpc.EnvironmentServiceStub(ch))
+        return replica
+
+    def add_remote(self, config: RemoteReward, token: str | None) -> None:
+        """A `kind: remote` environment's endpoints, over TLS when it says so, with its bearer token."""
+        metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        for i, address in enumerate(config.endpoints):
+            if config.tls:
+                roots = Path(config.ca_file).read_bytes() if config.ca_file else None
+                credentials = grpc.ssl_channel_credentials(root_certificates=roots)
+                ch = grpc.aio.secure_channel(address, credentials, options=CLIENT_OPTIONS)
+            else:
+                ch = grpc.aio.insecure_channel(address, options=CLIENT_OPTIONS)
+            stub = pb_grpc.EnvironmentServiceStub(ch)
+            self.replicas[f"endpoint-{i}"] = EnvironmentReplica(
+                f"endpoint-{i}", address, ch, stub, metadata, supervised=False
+            )
+
+    async def remove(self, name: str) -> None:
+        replica = self.replicas.pop(name, None)
+        if replica is not None:
+            replica.alive = False
+            await replica.channel.close(grace=None)
+        async with self._slot_freed:  # an episode waiting for a slot looks again: none may be live now
+            self._slot_freed.notify_all()
+
+    def live(self) -> list[EnvironmentReplica]:
+        return [r for r in self.replicas.values() if r.alive]
+
+    def pick(self) -> EnvironmentReplica | None:
+        candidates = [r for r in self.live() if r.episodes < self.max_episodes]
+        return min(candidates, key=lambda r: (r.episodes, r.name)) if candidates else None
+
+    async def open_next(self) -> EpisodeStream | None:
+        """An episode's stream on the least-loaded live replica, once one has room under maxEpisodesPerReplica
+        (an episode waits for a slot, it is not an error); None when no replica is live."""
+        while (replica := self.pick()) is None:
+            if not self.live():
+                return None
+            async with self._slot_freed:
+                await self._slot_freed.wait()
+        return self.open(replica)
+
+    def open(self, replica: EnvironmentReplica) -> EpisodeStream:
+        replica.episodes += 1
+        call = replica.stub.Episode(metadata=replica.metadata or None)
+        return EpisodeStream(replica, call, self.step_timeout, self.latencies, self._free_slot)
+
+    def _free_slot(self) -> None:
+        async def notify() -> None:
+            async with self._slot_freed:
+                self._slot_freed.notify(1)
+
+        self._notifying.add(task := asyncio.get_running_loop().create_task(notify()))
+        task.add_done_callback(self._notifying.discard)
+
+    async def info(self) -> EnvironmentInfo:
+        """The environment's Info, from a live replica."""
+        replica = self.live()[0]
+        answer = await replica.stub.Info(
+            pb.EnvironmentServiceInfoRequest(), timeout=self.step_timeout, metadata=replica.metadata or None
+        )
+        return EnvironmentInfo.from_info(answer)
+
+    def take_latencies(self) -> list[float]:
+        taken, self.latencies[:] = list(self.latencies), []
+        return taken
+
+    async def close(self) -> None:
+        for name in list(self.replicas):
+            await self.remove(name)
