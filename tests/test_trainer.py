@@ -266,10 +266,11 @@ def test_checkpoint_round_trip_and_latest_pointer(model_dir, tmp_path):
     trainer = PolicyTrainer(config(model_dir), torch.device("cpu"))
     trainer.train_step(samples_for(trainer), total_samples=2, total_tokens=7)
     for step in (2, 4, 6):
-        directory = checkpoint.step_dir(tmp_path, step)
-        directory.mkdir()
-        trainer.save(directory, dict(trainer.named_weights()))
-        checkpoint.commit(tmp_path, directory, {"step": step, "policy_version": step}, keep=2)
+        staging = checkpoint.begin(tmp_path, step)
+        assert staging is not None
+        trainer.save(staging, dict(trainer.named_weights()))
+        checkpoint.commit(tmp_path, staging, step, {"step": step, "policy_version": step}, keep=2)
+    assert checkpoint.begin(tmp_path, 6) is None, "a committed step is never written again"
     latest = checkpoint.latest(tmp_path)
     assert latest == checkpoint.step_dir(tmp_path, 6)
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000004", "step-000006"]
@@ -285,12 +286,15 @@ def test_keep_never_deletes_the_checkpoint_latest_names(tmp_path):
     # Newer-named folders left by an earlier run in the same place: pruning by name alone deleted
     # the checkpoint just committed, and `latest` named a folder that was gone.
     for step in (6, 8):
-        checkpoint.step_dir(tmp_path, step).mkdir()
-    directory = checkpoint.step_dir(tmp_path, 4)
-    directory.mkdir()
-    checkpoint.commit(tmp_path, directory, {"step": 4}, keep=2)
-    assert checkpoint.latest(tmp_path) == directory
-    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-000004", "step-000008"]
+        staging = checkpoint.begin(tmp_path, step)
+        assert staging is not None
+        checkpoint.commit(tmp_path, staging, step, {"step": step}, keep=3)
+    checkpoint.step_dir(tmp_path, 10).mkdir()  # and an incomplete one, which never counts toward keep
+    staging = checkpoint.begin(tmp_path, 4)
+    assert staging is not None
+    directory = checkpoint.commit(tmp_path, staging, 4, {"step": 4}, keep=2)
+    assert checkpoint.latest(tmp_path) == directory == checkpoint.step_dir(tmp_path, 4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "step-000004", "step-000008"]
 
 
 def test_latest_ignores_a_checkpoint_that_was_never_committed(tmp_path):

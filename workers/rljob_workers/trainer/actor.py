@@ -130,16 +130,31 @@ class TrainerActor:
         return version
 
     async def save_checkpoint(self, root: str, step: int, state: dict[str, Any], keep: int) -> str:
+        """Write step `step` under its staging name and commit it (rank 0); every rank takes part in
+        gathering the full weights and, sharded, writes its optimizer shard. A committed step is kept as is."""
         from rljob_workers.trainer import checkpoint
 
-        directory = checkpoint.step_dir(Path(root), step)
-        # Every rank takes part in gathering the full weights (FSDP); rank 0 writes them.
-        weights = await asyncio.to_thread(lambda: dict(self.trainer.master_weights()))
+        root_path = Path(root)
+        final = checkpoint.step_dir(root_path, step)
+        if checkpoint.is_complete(final):  # every rank sees the same: nothing of this save is written yet
+            return str(final)
+        # rank 0 lays out the staging folder before the gather below, which no rank leaves before it does
+        staging = checkpoint.begin(root_path, step) if self.rank == 0 else checkpoint.staging_dir(root_path, step)
+        assert staging is not None
+        try:
+            weights = await asyncio.to_thread(lambda: dict(self.trainer.master_weights()))
+            if self.trainer.sharded:
+                await asyncio.to_thread(self.trainer.save_optimizer_shard, staging)
+            if self.rank == 0:
+                await asyncio.to_thread(self.trainer.save, staging, weights)
+        except Exception as exc:  # a full disk: OSError here, CheckpointException out of the shards' save
+            error = checkpoint.failure(step, root_path, exc)
+            if self.rank == 0:
+                checkpoint.abandon(staging)
+            raise error from None
         if self.rank == 0:
-            directory.mkdir(parents=True, exist_ok=True)
-            await asyncio.to_thread(self.trainer.save, directory, weights)
-            checkpoint.commit(Path(root), directory, state, keep)
-        return str(directory)
+            await asyncio.to_thread(checkpoint.commit, root_path, staging, step, state, keep)
+        return str(final)
 
     def pid(self) -> int:
         return os.getpid()

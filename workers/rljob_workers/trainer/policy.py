@@ -53,6 +53,10 @@ def largest_part_sizes(total_samples: int, world_size: int, mini_batches: int) -
     return [max(-(-(largest - mini) // mini_batches), 0) for mini in range(mini_batches)]
 
 
+OPTIMIZER_FILE = "optimizer.pt"  # unsharded: one file, rank 0 writes it
+OPTIMIZER_SHARDS = "optimizer"  # sharded: a torch.distributed.checkpoint folder, every rank writes its shard
+
+
 class PolicyTrainer:
     """Holds the policy (possibly DDP/FSDP-wrapped), its optimizer and the reference policy."""
 
@@ -90,7 +94,7 @@ class PolicyTrainer:
         self.frozen = freeze_parameters(model, config.freeze)
         self._mismatch = [0.0, 0.0, 0.0]  # this step's engine/trainer log-prob gaps: sum, max, tokens
         # the versions a stale sample may come from, to measure its mismatch at its own weights
-        self._past = PastVersions(0 if self._sharded else self.algo.max_staleness, self.compute_dtype)
+        self._past = PastVersions(0 if self.sharded else self.algo.max_staleness, self.compute_dtype)
         self.policy = model
         self.model = self._wrap(model)
         self.optimizer: torch.optim.Optimizer = torch.optim.AdamW(
@@ -109,7 +113,7 @@ class PolicyTrainer:
     def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.world_size == 1:
             return model
-        if self._sharded:
+        if self.sharded:
             from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -128,13 +132,13 @@ class PolicyTrainer:
         return DistributedDataParallel(model, device_ids=ids)
 
     @property
-    def _sharded(self) -> bool:
+    def sharded(self) -> bool:
         return self.world_size > 1 and self.config.strategy == "fsdp"
 
     def _logits(self, model: torch.nn.Module, batch: dict[str, Tensor]) -> Tensor:
         """The next-token logits, aligned with the batch's per-position tensors."""
         # autocast runs the fp32 masters in the compute dtype (FSDP casts them itself); token_logprobs works in fp32
-        autocast = self.compute_dtype != torch.float32 and not self._sharded
+        autocast = self.compute_dtype != torch.float32 and not self.sharded
         with torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=autocast):
             return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
 
@@ -331,7 +335,7 @@ class PolicyTrainer:
     def master_weights(self, trained_only: bool = False) -> Iterator[tuple[str, Tensor]]:
         """The full fp32 master parameters by name (what a checkpoint keeps); every rank takes part (FSDP).
         `trained_only`: a sharded policy's frozen parameters are not even gathered."""
-        if self._sharded:
+        if self.sharded:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=trained_only)
@@ -343,14 +347,34 @@ class PolicyTrainer:
             yield name, param.detach()
 
     def save(self, directory: Path, weights: dict[str, Tensor]) -> None:
-        """Write the policy (a loadable transformers model directory) and the optimizer state.
+        """Rank 0: write the policy (a loadable transformers model directory) and, unsharded, the optimizer
+        state (every rank holds the same). A sharded optimizer is saved by every rank: `save_optimizer_shard`.
 
         `weights` is `dict(master_weights())`, gathered by every rank beforehand."""
         policy: Any = self.policy
         policy.save_pretrained(directory / "model", state_dict=weights)
         self.tokenizer.save_pretrained(directory / "model")
-        torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
+        if not self.sharded:
+            torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
+
+    def save_optimizer_shard(self, directory: Path) -> None:
+        """Every rank of a sharded policy: its own shard of the optimizer state, with
+        torch.distributed.checkpoint (rank 0 alone holds only its shards of a `fully_shard` model)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        state = get_optimizer_state_dict(self.policy, self.optimizer)
+        dcp.save({"optimizer": state}, checkpoint_id=str(directory / OPTIMIZER_SHARDS))
 
     def load_optimizer(self, directory: Path) -> None:
-        state = torch.load(directory / "optimizer.pt", map_location=self.device, weights_only=True)
+        if self.sharded and (directory / OPTIMIZER_SHARDS).is_dir():
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+            # get_optimizer_state_dict lays the state out first (AdamW makes it lazily), so load fills it
+            loaded = {"optimizer": get_optimizer_state_dict(self.policy, self.optimizer)}
+            dcp.load(loaded, checkpoint_id=str(directory / OPTIMIZER_SHARDS))
+            set_optimizer_state_dict(self.policy, self.optimizer, loaded["optimizer"])
+            return
+        state = torch.load(directory / OPTIMIZER_FILE, map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(state)

@@ -32,11 +32,11 @@ def step_folder(path: Path) -> Path:
         raise ExportError(f"{path}: no such checkpoint folder")
     if (path / checkpoint.STATE).is_file():
         found = path
-    elif (path / checkpoint.LATEST).is_file():
-        try:
-            found = checkpoint.latest(path) or path
-        except FileNotFoundError as exc:
-            raise ExportError(str(exc)) from None
+    elif (path / checkpoint.LATEST).is_file() or checkpoint.complete_steps(path):
+        whole = checkpoint.latest(path)
+        if whole is None:
+            raise ExportError(f"{path / checkpoint.LATEST} names no whole checkpoint, and no step folder is whole")
+        found = whole
     else:
         raise ExportError(
             f"{path}: not a checkpoint: neither a step folder ({checkpoint.STATE}) nor a checkpoint folder "

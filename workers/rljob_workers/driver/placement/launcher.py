@@ -18,6 +18,7 @@ from rljob.v1 import rollout_service_pb2
 from rljob_api.colocate import ROLLOUT_GPU_SHARE, TRAINER_GPU_SHARE
 from rljob_api.workercfg import Pool, WorkerConfigs, pool_resource
 from rljob_workers.common.auth import TOKEN_FILE_ENV
+from rljob_workers.driver.controller.report import RunFailed
 from rljob_workers.driver.errors import SetupError, first_line
 from rljob_workers.environment.actor import EnvironmentActor
 from rljob_workers.reward.actor import RewardActor
@@ -163,9 +164,17 @@ class RayTrainer:
         return version
 
     async def save_checkpoint(self, step: int, version: int, controller_state: dict[str, Any]) -> str:
-        paths = await asyncio.gather(
-            *(a.save_checkpoint.remote(self.checkpoint_root, step, controller_state, self.keep) for a in self.actors)
-        )
+        from rljob_workers.trainer.checkpoint import CheckpointWriteError
+
+        try:
+            paths = await asyncio.gather(
+                *(
+                    a.save_checkpoint.remote(self.checkpoint_root, step, controller_state, self.keep)
+                    for a in self.actors
+                )
+            )
+        except CheckpointWriteError as exc:  # a full disk: the run stops on it, the previous checkpoint whole
+            raise RunFailed(first_line(getattr(exc, "cause", exc))) from None  # Ray's wrapper holds it as `cause`
         return str(paths[0])
 
 

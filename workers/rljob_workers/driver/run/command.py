@@ -21,7 +21,7 @@ from rljob_workers.driver.run.environment_check import check_environment
 from rljob_workers.driver.run.gpu_fit import check_colocate_fits, require_gpu_to_colocate, require_gpus_here
 from rljob_workers.driver.run.plan import RunPlan
 from rljob_workers.driver.run.preflight import check_models, check_quickly, prepare
-from rljob_workers.driver.run.rundir import FolderLock, job_token, lock_run_folders, resume_from
+from rljob_workers.driver.run.rundir import FolderLock, job_token, lock_run_folders, refuse_start_over
 from rljob_workers.driver.run.stopping import stop_before_the_pools_are_up
 from rljob_workers.driver.telemetry.trackers import TrackerError, Trackers, check_startable, open_trackers
 
@@ -88,7 +88,7 @@ def _set_up_locally(plan: RunPlan, locks: list[FolderLock]) -> tuple[RunPlan, Tr
     require_gpus_here(plan.job)  # imports torch only for a job that asks for GPUs
     checkpoints = plan.checkpoints
     locks += lock_run_folders(plan.output, checkpoints)
-    resume_from(checkpoints, plan.resume)  # refuses to start over checkpoints before Ray starts
+    refuse_start_over(checkpoints, plan.resume)  # refuses to start over checkpoints before Ray starts
     check_startable(plan.job, plan.output)  # the trackers' folders and tracking URI, before Ray starts too
     plan = replace(plan, token=job_token(plan.output, cluster=False))
     return plan, check_models_while_ray_starts(plan)

@@ -97,16 +97,32 @@ def cut_metrics_after(jsonl: Path, step: int) -> int:
     return dropped
 
 
-def resume_from(root: Path, resume: bool) -> Path | None:
-    """The checkpoint a run starts from: the newest under `root` with --resume, none without (refusing
-    to start over a folder that holds checkpoints)."""
-    found = checkpoint.latest(root) if root.exists() else None
-    if found is None and resume:
-        log.info("no checkpoint under %s; starting from step 0", root)
-    if found is not None and not resume:
+def refuse_start_over(root: Path, resume: bool) -> None:
+    """Without --resume, a folder that holds checkpoints (whole step folders, or a `latest`) is refused."""
+    if resume or not root.is_dir():
+        return
+    if (root / checkpoint.LATEST).exists() or checkpoint.complete_steps(root):
         raise SetupError(
             f"spec.checkpoint.dir: {root} already holds checkpoints; pass --resume to continue "
             "from the newest, or remove the directory to start over"
+        )
+
+
+def resume_from(root: Path, resume: bool) -> Path | None:
+    """The checkpoint a run starts from: the newest whole one under `root` with --resume (saves that did not
+    finish are removed), none without (refusing to start over a folder that holds checkpoints)."""
+    refuse_start_over(root, resume)
+    if not resume or not root.is_dir():
+        if resume:
+            log.info("no checkpoint under %s; starting from step 0", root)
+        return None
+    found = checkpoint.latest(root)
+    for partial in checkpoint.clean_partial(root):
+        log.warning("checkpoint: removed %s, a save that did not finish", partial)
+    if found is None:
+        torn = (root / checkpoint.LATEST).exists()
+        (log.warning if torn else log.info)(
+            "no %scheckpoint under %s; starting from step 0", "whole " if torn else "", root
         )
     return found
 
