@@ -95,7 +95,7 @@ def test_load_errors_name_function_and_path(ref: str, says: str) -> None:
 
 
 def test_bad_kind_config_is_refused_naming_the_function() -> None:
-    token = RemoteReward(endpoints=["judge:50052"], token_file="/nonexistent")
+    token = RemoteReward(endpoints=["judge:50052"], token_file="/nonexistent", tls=True)
     remote = RewardFunction(name="judge", kind="remote", remote=token)
     with pytest.raises(RewardConfigError, match="reward function 'judge': bearer token file '/nonexistent' does not"):
         RewardFunctionSet.from_spec([rule("acc", "reward_fns:exact"), remote], 1.0)

@@ -67,6 +67,11 @@ class RemoteReward(Model):
 
     endpoints: list[str] = Field(description="host:port of each endpoint.", min_length=1, max_length=64)
     tls: bool = Field(False, description="Use TLS.")
+    insecure: bool = Field(
+        False,
+        description="Send the bearer token without TLS, in clear text (only on a network you trust); "
+        "without it a token needs `tls: true`, unless every endpoint is on loopback.",
+    )
     ca_file: str | None = Field(None, description="CA bundle to verify the endpoint with (TLS only).", max_length=4096)
     token_secret: SecretKeyRef | None = Field(None, description="Secret holding a bearer token, mounted into the pods.")
     token_file: str | None = Field(
@@ -90,7 +95,39 @@ class RemoteReward(Model):
     def _one_token_source(self) -> RemoteReward:
         if self.token_secret and self.token_file:
             raise FieldRuleError("tokenFile", "set tokenSecret or tokenFile, not both")
+        if self.has_token and not self.tls and not self.insecure and not all(map(on_loopback, self.endpoints)):
+            raise FieldRuleError(
+                "tls",
+                "a bearer token (tokenSecret or tokenFile) goes only over TLS: set tls: true "
+                "(or insecure: true to send it in clear text)",
+            )
         return self
+
+    @property
+    def has_token(self) -> bool:
+        return self.token_secret is not None or self.token_file is not None
+
+    @property
+    def sends_token_in_clear(self) -> bool:
+        """What validation warns of: a token without TLS to an endpoint off this machine (insecure: true)."""
+        return self.has_token and not self.tls and not all(map(on_loopback, self.endpoints))
+
+    model_config = {
+        "json_schema_extra": cel_rules(
+            cel(
+                "!(has(self.tokenSecret) || has(self.tokenFile)) || self.tls || self.insecure || "
+                "self.endpoints.all(e, e.startsWith('127.') || e.startsWith('localhost:') || e.startsWith('[::1]:'))",
+                "a bearer token (tokenSecret or tokenFile) goes only over TLS: set tls: true "
+                "(or insecure: true to send it in clear text)",
+            ),
+        )
+    }
+
+
+def on_loopback(endpoint: str) -> bool:
+    """host:port on this machine's loopback, where a token never crosses a network."""
+    host = endpoint.rpartition(":")[0]
+    return host.startswith("127.") or host in ("localhost", "[::1]")
 
 
 class DisRMReward(Model):

@@ -277,3 +277,15 @@ class RLJob(Model):
     metadata: ObjectMeta = Field(description="Object metadata.")
     spec: RLJobSpec = Field(description="Desired state.")
     status: RLJobStatus | None = Field(None, description="Observed state, written by the operator.")
+
+
+def clear_text_tokens(job: RLJob) -> list[str]:
+    """A warning for each remote endpoint list that `insecure: true` lets send its bearer token without TLS."""
+    remotes = [(f"spec.reward.functions[{i}].remote", f.remote) for i, f in enumerate(job.spec.reward.functions)]
+    if job.spec.environment is not None:
+        remotes.append(("spec.environment.remote", job.spec.environment.remote))
+    return [
+        f"warning: {field}: insecure: true sends the bearer token in clear text to {', '.join(remote.endpoints)}"
+        for field, remote in remotes
+        if remote is not None and remote.sends_token_in_clear
+    ]

@@ -84,6 +84,8 @@ class Context:
     locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     tokens: dict[Key, str] = field(default_factory=dict)  # each job's token (its Secret), once read or made
     claims: dict[Key, tuple[ClaimProblem, ...]] = field(default_factory=dict)  # the last check of its claims
+    taken: dict[Key, str] = field(default_factory=dict)  # a child's name someone else holds (ownership.py)
+    rbac_checked: set[Key] = field(default_factory=set)  # jobs whose legacy Role/RoleBinding were looked for
     poked: set[Key] = field(default_factory=set)  # jobs whose children changed since the last refresh
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -105,8 +107,9 @@ class Context:
 
     def drop(self, key: Key) -> None:
         """Forget what was kept of a job's state (its status, snapshot, decisions, pools as written)."""
-        for table in (self.last, self.snapshots, self.desired, self.pools, self.tokens, self.claims):
+        for table in (self.last, self.snapshots, self.desired, self.pools, self.tokens, self.claims, self.taken):
             table.pop(key, None)  # type: ignore[attr-defined]
+        self.rbac_checked.discard(key)
 
     async def forget(self, key: Key) -> None:
         self.drop(key)

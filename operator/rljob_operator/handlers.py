@@ -17,19 +17,21 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from rljob_api import GROUP, PLURAL, VERSION, RLJobInvalid
+from rljob_api import GROUP, PLURAL, VERSION, RLJob, RLJobInvalid
 
 from .children import Children
 from .config import OperatorConfig
-from .context import Context, invalid_message, parse_job
+from .context import Context, invalid_message, key_of, parse_job
 from .control import ControlClients
 from .events import post
 from .kube import Kube, describe, load_api_client, urgent_workers
 from .metrics import OperatorMetrics
+from .ownership import NameTaken
 from .reconciler import ensure_children, refresh
 
 log = logging.getLogger(__name__)
 RESOURCE = (GROUP, VERSION, PLURAL)
+NAME_TAKEN_RETRY_SECONDS = 15  # how soon a job whose child's name was taken looks again
 
 
 @kopf.on.startup()
@@ -108,6 +110,10 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: 
             raise kopf.PermanentError(f"invalid spec: {message}") from None
         try:
             await ensure_children(ctx, job, body)
+            ctx.taken.pop(key_of(job), None)
+        except NameTaken as exc:  # nothing of the job is written until the name is free: retried
+            await name_taken(ctx, job, body, str(exc))
+            raise kopf.TemporaryError(f"a child's name is taken: {exc}", delay=NAME_TAKEN_RETRY_SECONDS) from None
         except ApiException as exc:
             await post(ctx, body, "Warning", "ApplyFailed", describe(exc))
             if exc.status in (400, 422):  # the API refuses the child as rendered: retrying will not help
@@ -115,6 +121,15 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: 
             raise kopf.TemporaryError(f"applying children: {describe(exc)}", delay=10) from exc
         refreshed = await refresh(ctx, job, body)
         logger.info(f"children applied; phase {refreshed.phase}" if refreshed else "the RLJob was deleted meanwhile")
+
+
+async def name_taken(ctx: Context, job: RLJob, body: kopf.Body, message: str) -> None:
+    """A child's name is someone else's: Degraded with reason NameTaken, one Warning Event per new message."""
+    key = key_of(job)
+    if ctx.taken.get(key) != message:
+        await post(ctx, body, "Warning", "NameTaken", message)
+    ctx.taken[key] = message
+    await refresh(ctx, job, body)
 
 
 async def poll_job(ctx: Context, key: tuple[str, str], body: dict[str, Any], full: bool) -> None:

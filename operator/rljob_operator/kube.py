@@ -144,14 +144,17 @@ class Kube:
         result = await self._call("GET", path(kind, namespace) + "?" + query)
         return list(result.get("items") or [])
 
-    async def delete(self, kind: str, namespace: str, name: str) -> bool:
-        """Delete with background propagation (a Job's pods go too); False if it was not there."""
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+    async def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        """Delete with background propagation (a Job's pods go too); False if it was not there. `uid`: only
+        that object (the API server refuses with 409 when the name now holds another)."""
+        body: dict[str, Any] = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": "Background"}
+        if uid is not None:
+            body["preconditions"] = {"uid": uid}
         try:
             await self._call("DELETE", path(kind, namespace, name), body)
             return True
         except ApiException as exc:
-            if exc.status == 404:
+            if exc.status == 404 or (uid is not None and exc.status == 409):
                 return False
             raise
 

@@ -23,7 +23,7 @@ from rljob_api import RLJob, RLJobStatus, derive_worker_configs
 from rljob_api.workercfg import WorkerConfigs
 
 from .claims import check_claims
-from .context import Context, key_of, stored_status
+from .context import Context, key_of, owner_of, stored_status
 from .desired import next_desired, read_back
 from .events import announce, post
 from .kube import describe
@@ -88,7 +88,7 @@ async def observe_children(ctx: Context, job: RLJob) -> Observed:
 
 
 async def poll_controller_of(
-    ctx: Context, job: RLJob, configs: WorkerConfigs, observed: Observed, poll: bool
+    ctx: Context, job: RLJob, body: Mapping[str, Any], configs: WorkerConfigs, observed: Observed, poll: bool
 ) -> tuple[control_pb.JobStatus | None, bool]:
     """The controller's snapshot while the driver runs (polled when `poll` or none is kept yet, else the
     last one), and whether it was polled just now."""
@@ -98,7 +98,7 @@ async def poll_controller_of(
         ctx.snapshots.pop(key, None)
         return final_snapshot(driver), False  # the last step, reward and checkpoint, once it ended
     if poll or key not in ctx.snapshots:
-        token = await job_token(ctx, job)
+        token = await job_token(ctx, job, owner_of(body))
         ctx.snapshots[key] = (
             await ctx.control.snapshot(key, ctx.control_address(job, configs), token) if token else None
         )
@@ -121,7 +121,7 @@ async def refresh(
         if ctx.claims.get(key):  # until a claim is fixed (or made)
             await check_claims_of(ctx, job, body)
         configs = derive_worker_configs(job)  # once per reconcile
-        snapshot, fresh = await poll_controller_of(ctx, job, configs, observed, poll_controller)
+        snapshot, fresh = await poll_controller_of(ctx, job, body, configs, observed, poll_controller)
         current = ctx.desired.get(key) or read_back(observed)
         desired = ctx.desired[key] = next_desired(job, current, observed, snapshot if fresh else None)
         await write_children(ctx, job, configs, body, desired, pools_only=True)
@@ -136,6 +136,7 @@ async def refresh(
             generation=(body.get("metadata") or {}).get("generation"),
             previous=previous,
             claim_problems=ctx.claims.get(key),
+            name_taken=ctx.taken.get(key),
         )
         wire = status.model_dump(by_alias=True, mode="json")
         changed = previous is None or previous.model_dump(by_alias=True, mode="json") != wire

@@ -114,29 +114,13 @@ def render_config_map(job: RLJob) -> dict[str, Any]:
     }
 
 
-def render_rbac(job: RLJob) -> list[dict[str, Any]]:
-    """What the driver may do: read its ConfigMap and the job's pods (to name reward replicas by pod)."""
+def render_service_account(job: RLJob) -> list[dict[str, Any]]:
+    """The driver's own account, unless the spec names one. It holds no Role: no driver code calls the
+    Kubernetes API (its ConfigMap is a volume), and its token is not mounted."""
+    if job.spec.service_account_name:
+        return []
     name = service_account_name(job)
-    out: list[dict[str, Any]] = []
-    if not job.spec.service_account_name:
-        out.append({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, name, "rbac")})
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": _meta(job, name, "rbac"),
-        "rules": [
-            {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [config_name(job)], "verbs": ["get"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-        ],
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": _meta(job, name, "rbac"),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": job.metadata.namespace}],
-    }
-    return [*out, role, binding]
+    return [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(job, name, "account")}]
 
 
 def render_services(job: RLJob, ports: Ports) -> list[dict[str, Any]]:
@@ -234,6 +218,8 @@ def render_driver(job: RLJob, ports: Ports, options: RenderOptions) -> dict[str,
         account={
             "restartPolicy": "Never",
             "serviceAccountName": service_account_name(job),
+            # it imports the user's reward modules and calls no Kubernetes API: no token to steal
+            "automountServiceAccountToken": False,
             "terminationGracePeriodSeconds": DRIVER_GRACE_SECONDS,
         },
         security=job.spec.security_context,
@@ -285,7 +271,7 @@ def render(
     """
     docs = [
         finish(doc, job, owner)
-        for doc in (*render_rbac(job), render_config_map(job), *render_services(job, configs.ports))
+        for doc in (*render_service_account(job), render_config_map(job), *render_services(job, configs.ports))
     ]
     if options.network_policy:
         docs.insert(0, finish(render_network_policy(job, configs.ports, options), job, owner))

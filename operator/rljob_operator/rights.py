@@ -7,9 +7,11 @@ take: the RayCluster and the driver Job read directly while the operator's watch
 (at its start), the job's token Secret read by an operator process that did not create it (a restarted one,
 once its poller or reconcile gets to the job). `implied` ones are checked by the API server on
 the operator's behalf: a server-side apply that creates an object needs create as well as patch;
-an ownerReference with blockOwnerDeletion needs update on the owner's finalizers; and a Role can
-only grant what its creator holds (RBAC's escalation check), so the driver's Role needs the operator
-to hold get on ConfigMaps and get, list and watch on pods.
+an ownerReference with blockOwnerDeletion needs update on the owner's finalizers.
+
+Every child is read (get) before the first is written: one whose name someone else holds is left alone
+(ownership.py). The driver holds no rights at all (no Role), so the operator needs none to grant; it only
+deletes, if they are the job's, the Role and RoleBinding an older operator made for the driver.
 """
 
 from __future__ import annotations
@@ -31,8 +33,6 @@ class Right:
         return self.requested + self.fallback + self.implied
 
 
-APPLIED = ("patch",), ("create",)  # server-side apply: the request is a patch; the first one creates
-
 # Namespaced: a ClusterRole in cluster mode, a Role in each watched namespace otherwise.
 RIGHTS: tuple[Right, ...] = (
     Right("rljob.io", "rljobs", ("list", "watch", "patch"), (), "kopf watches RLJobs; its progress is in annotations"),
@@ -47,16 +47,15 @@ RIGHTS: tuple[Right, ...] = (
         "the job's token: made once, read back by an operator that did not make it",
         ("get",),
     ),
-    Right("", "configmaps", *APPLIED, "the job's rljob.yaml"),
-    Right("", "configmaps", (), ("get",), "the driver's Role grants get on its ConfigMap"),
-    Right("", "services", *APPLIED, "the control, metrics and reward Services"),
-    Right("", "serviceaccounts", *APPLIED, "the driver's account"),
-    Right("rbac.authorization.k8s.io", "roles", *APPLIED, "the driver's Role"),
-    Right("rbac.authorization.k8s.io", "rolebindings", *APPLIED, "the driver's RoleBinding"),
-    Right("networking.k8s.io", "networkpolicies", *APPLIED, "ingress to the job's pods from its own pods only"),
-    Right("ray.io", "rayclusters", ("list", "watch", "patch", "delete"), ("create",), "the pools", ("get",)),
-    Right("batch", "jobs", ("list", "watch", "patch", "delete"), ("create",), "the driver", ("get",)),
-    Right("", "pods", ("list", "watch"), ("get",), "pool pods (readiness, drained replicas); the driver's Role"),
+    Right("", "configmaps", ("get", "patch"), ("create",), "the job's rljob.yaml"),
+    Right("", "services", ("get", "patch"), ("create",), "the control, metrics and reward Services"),
+    Right("", "serviceaccounts", ("get", "patch"), ("create",), "the driver's account (it holds no rights)"),
+    Right("rbac.authorization.k8s.io", "roles", ("get",), (), "an older operator's driver Role", ("delete",)),
+    Right("rbac.authorization.k8s.io", "rolebindings", ("get",), (), "its RoleBinding", ("delete",)),
+    Right("networking.k8s.io", "networkpolicies", ("get", "patch"), ("create",), "ingress from the job's pods only"),
+    Right("ray.io", "rayclusters", ("get", "list", "watch", "patch", "delete"), ("create",), "the pools"),
+    Right("batch", "jobs", ("get", "list", "watch", "patch", "delete"), ("create",), "the driver"),
+    Right("", "pods", ("list", "watch"), (), "pool pods (readiness, drained replicas)"),
     Right("", "persistentvolumeclaims", ("get",), (), "the access modes of the claims the job's pods mount"),
 )
 # Cluster-wide in both modes.

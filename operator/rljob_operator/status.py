@@ -206,11 +206,13 @@ def compute_status(
     generation: int | None = None,
     previous: RLJobStatus | None = None,
     claim_problems: Sequence[ClaimProblem] | None = None,
+    name_taken: str | None = None,
 ) -> RLJobStatus:
     """The status to write: phase, conditions, pool counts from the cluster, progress from the controller.
 
     Without a snapshot (the controller is not up, or did not answer) the last progress is kept;
-    `claim_problems` (claims.py) None: the claims are not checked yet."""
+    `claim_problems` (claims.py) None: the claims are not checked yet; `name_taken`: the objects of children's
+    names that are not the job's (ownership.py), which keep every child from being written."""
     live = not job.spec.suspend and not (observed.driver is not None and observed.driver.finished)
     pools = _pools(job, observed, live=live)
     phase = _phase(job, observed, pools, snapshot)
@@ -219,7 +221,8 @@ def compute_status(
     wanted = {READY_TYPE[p]: _pool_condition(p, getattr(pools, p), observed, phase) for p in POOLS}
     wanted["VolumesReady"] = volumes_condition(job, claim_problems)
     wanted["Progressing"] = _progressing(phase, snapshot, job)
-    wanted["Degraded"] = _degraded(job, observed, phase, message, waiting)
+    degraded = _degraded(job, observed, phase, message, waiting)
+    wanted["Degraded"] = ("True", "NameTaken", name_taken) if name_taken else degraded
     prev = previous or RLJobStatus()
     status = RLJobStatus(
         phase=phase,

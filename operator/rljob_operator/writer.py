@@ -18,9 +18,10 @@ from rljob_api.workercfg import WorkerConfigs
 from .context import Context, key_of, owner_of
 from .desired import Desired
 from .events import post
-from .names import JOB_TOKEN_KEY, driver_name, ray_cluster_name, token_secret_name
+from .names import JOB_TOKEN_KEY, driver_name, ray_cluster_name, service_account_name, token_secret_name
 from .observe import reward_group
 from .options import Owner
+from .ownership import NameTaken, delete_if_owned, describe_taken, owned_by, remove_legacy_rbac, taken_names
 from .render import POOL_KINDS, absent_kinds, finish, render, render_pools, render_token_secret
 
 
@@ -55,14 +56,14 @@ async def write_children(
         # what others need (the driver's ServiceAccount and ConfigMap; the Role, which a RoleBinding is
         # checked against), then the rest at once.
         # The NetworkPolicy goes with them, so that no pod of the job is ever open to other pods.
-        waves = (
-            (*POOL_KINDS, "NetworkPolicy"),
-            ("ServiceAccount", "ConfigMap", "Role"),
-            ("RoleBinding", "Service", "Job"),
-        )
-    written = ctx.pools.setdefault(key, {})
-    if not pools_only:
+        waves = ((*POOL_KINDS, "NetworkPolicy"), ("ServiceAccount", "ConfigMap"), ("Service", "Job"))
+        # Before the first child is written: every name is free or this job's (ownership.py).
+        taken = await taken_names(ctx.kube, docs, owner.uid)
+        if taken:
+            raise NameTaken("; ".join(taken))
         await ensure_token(ctx, job, owner)
+        await _remove_legacy_rbac(ctx, job, body, owner)
+    written = ctx.pools.setdefault(key, {})
     for wave in waves:
         todo = [d for d in docs if d["kind"] in wave and not (pools_only and written.get(d["kind"]) == d)]
         await asyncio.gather(*(_apply(ctx, body, d, written, urgent=wave is waves[0]) for d in todo))
@@ -70,7 +71,7 @@ async def write_children(
     for kind in absent_kinds(job, finished=desired.finished):
         if pools_only and (kind not in POOL_KINDS or written.get(kind) is None):
             continue
-        if await ctx.kube.delete(kind, job.metadata.namespace, names[kind]):
+        if await delete_if_owned(ctx.kube, kind, job.metadata.namespace, names[kind], owner.uid):
             await post(ctx, body, "Normal", *_deleted(job, kind, names[kind]))
         if kind in POOL_KINDS:
             written[kind] = None
@@ -86,22 +87,18 @@ async def ensure_token(ctx: Context, job: RLJob, owner: Owner) -> None:
         ctx.tokens[key] = token
         return
     found = await ctx.kube.get("Secret", job.metadata.namespace, token_secret_name(job)) or {}
-    owners = [ref.get("uid") for ref in (found.get("metadata") or {}).get("ownerReferences") or []]
-    if owner.uid not in owners:
-        # Whoever made it knows the token: the job's pools must not trust it.
-        raise RuntimeError(
-            f"Secret {job.metadata.namespace}/{token_secret_name(job)} exists and is not this RLJob's; "
-            "delete it (the operator makes the job's token)"
-        )
+    if not owned_by(found, owner.uid):  # whoever made it knows the token: the job's pools must not trust it
+        raise NameTaken(describe_taken("Secret", job.metadata.namespace, token_secret_name(job), found))
 
 
-async def job_token(ctx: Context, job: RLJob) -> str | None:
-    """The job's token, from its Secret (read once); None while there is none."""
+async def job_token(ctx: Context, job: RLJob, owner: Owner) -> str | None:
+    """The job's token, from its Secret (read once) if the Secret is the job's; None while there is none.
+    A Secret of the name that is someone else's is not read: its token would go to the job's controller."""
     key = key_of(job)
     if key not in ctx.tokens:
         found = await ctx.kube.get("Secret", job.metadata.namespace, token_secret_name(job))
         data = (found or {}).get("data") or {}
-        if JOB_TOKEN_KEY not in data:
+        if JOB_TOKEN_KEY not in data or not owned_by(found or {}, owner.uid):
             return None
         ctx.tokens[key] = base64.b64decode(data[JOB_TOKEN_KEY]).decode().strip()
     return ctx.tokens[key]
@@ -121,6 +118,17 @@ async def _apply(
     (was, _), (now, to_delete) = reward_group(before), reward_group(doc)
     removed = f", removing drained {', '.join(to_delete)}" if to_delete else ""
     await post(ctx, body, "Normal", "RewardScaled", f"reward replicas {was} -> {now}{removed}")
+
+
+async def _remove_legacy_rbac(ctx: Context, job: RLJob, body: Mapping[str, Any], owner: Owner) -> None:
+    """Once per job and process: the Role and RoleBinding an older operator made for it, if they are its own."""
+    key = key_of(job)
+    if key in ctx.rbac_checked:
+        return
+    account = service_account_name(job)
+    for kind in await remove_legacy_rbac(ctx.kube, job.metadata.namespace, account, owner.uid):
+        await post(ctx, body, "Normal", "RightsDropped", f"deleted {kind} {account}: the driver needs no rights")
+    ctx.rbac_checked.add(key)
 
 
 def _deleted(job: RLJob, kind: str, name: str) -> tuple[str, str]:

@@ -14,8 +14,6 @@ CHILD_KINDS = (
     "networkpolicy",
     "secret",
     "serviceaccount",
-    "role",
-    "rolebinding",
     "configmap",
     "service",
     "raycluster",

@@ -163,11 +163,13 @@ def test_rbac_grants_exactly_the_operators_rights(namespaced: bool) -> None:
             assert granted(role["rules"]) == verbs_by_resource(RIGHTS)
     else:
         assert granted(one(docs, "ClusterRole", "r-rljob-operator")["rules"]) == verbs_by_resource(RIGHTS)
-    # Every kind the operator renders is covered: applied (patch, and create for the first apply).
+    # Every kind the operator renders is covered: read first (ownership.py), then applied (patch, and create
+    # for the first apply).
     for doc in render(GPU_JOB, derive_worker_configs(GPU_JOB), RenderOptions()):
         prefix, plural = KINDS[doc["kind"]]
         group = "" if prefix == "api/v1" else prefix.split("/")[1]
-        assert {(group, plural, "patch"), (group, plural, "create")} <= verbs_by_resource(RIGHTS), doc["kind"]
+        wanted = {(group, plural, verb) for verb in ("get", "patch", "create")}
+        assert wanted <= verbs_by_resource(RIGHTS), doc["kind"]
 
 
 def _known_metrics() -> set[str]:

@@ -140,6 +140,11 @@ def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str
             "spec.environment",
             "remote must be set exactly when kind is remote",
         ),
+        (
+            {"environment": {"kind": "remote", "remote": {"endpoints": ["env.tools:50051"], "tokenFile": "/t"}}},
+            "spec.environment.remote",
+            "a bearer token (tokenSecret or tokenFile) goes only over TLS",
+        ),
     ],
     ids=[
         "reward-min-gt-max",
@@ -166,6 +171,7 @@ def test_examples_are_accepted(cluster: Cluster, crd: str, ns: str, example: str
         "colocate-over-nccl",
         "no-reward-and-no-environment",
         "remote-environment-with-a-class",
+        "token-without-tls",
     ],
 )
 def test_bad_specs_are_refused_naming_the_field(
@@ -174,6 +180,11 @@ def test_bad_specs_are_refused_naming_the_field(
     out = cluster.apply(rljob("bad", ns, **change), check=False)
     assert out.returncode != 0, "the API server accepted a spec it must refuse"
     assert field in out.stderr and words in out.stderr, out.stderr
+
+
+def test_a_token_in_clear_text_is_accepted_when_the_spec_says_insecure(cluster: Cluster, crd: str, ns: str) -> None:
+    remote = {"endpoints": ["env.tools:50051"], "tokenSecret": {"name": "t", "key": "k"}, "insecure": True}
+    cluster.apply(rljob("clear-text", ns, environment={"kind": "remote", "remote": remote}))
 
 
 def test_a_greedy_judge_only_genrm_is_accepted(cluster: Cluster, crd: str, ns: str) -> None:

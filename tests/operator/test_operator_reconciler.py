@@ -10,24 +10,29 @@ back an older reward group (replica counts that flap, and KubeRay deleting pods 
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
 import yaml
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import parse_rljob
 from rljob_operator.config import OperatorConfig
-from rljob_operator.context import Context, parse_job
+from rljob_operator.context import Context, owner_of, parse_job
 from rljob_operator.metrics import OperatorMetrics
+from rljob_operator.ownership import NameTaken
 from rljob_operator.reconciler import ensure_children, refresh
+from rljob_operator.writer import job_token
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "team"
 NAME = "elastic"
 RC = "elastic-ray"
 ObjectKey = tuple[str, str, str]  # kind, namespace, name
+OWNED = {"apiVersion": "rljob.io/v1alpha1", "kind": "RLJob", "name": NAME, "uid": "uid-1", "controller": True}
 
 
 class FakeKube:
@@ -59,7 +64,7 @@ class FakeKube:
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return copy.deepcopy(self.objects.get((kind, namespace, name)))
 
-    async def delete(self, kind: str, namespace: str, name: str) -> bool:
+    async def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
         self.writes.append(("delete", kind, name))
         return self.objects.pop((kind, namespace, name), None) is not None
 
@@ -150,7 +155,7 @@ def pod(name: str, labels: dict[str, str], phase: str = "Running") -> dict[str, 
 
 def driver_job(complete: bool = False) -> dict[str, Any]:
     conditions = [{"type": "Complete", "status": "True"}] if complete else []
-    meta = {"name": "elastic-driver", "namespace": NS, "labels": {"rljob.io/job": NAME}}
+    meta = {"name": "elastic-driver", "namespace": NS, "labels": {"rljob.io/job": NAME}, "ownerReferences": [OWNED]}
     return {"kind": "Job", "metadata": meta, "status": {"conditions": conditions}}
 
 
@@ -281,3 +286,78 @@ def test_a_reconcile_derives_the_worker_configs_once() -> None:
         return [handled, calls[0] - handled]
 
     assert asyncio.run(play()) == [1, 1]
+
+
+def foreign(kind: str, name: str) -> dict[str, Any]:
+    """Another application's object, of a child's name."""
+    meta = {"name": name, "namespace": NS, "labels": {"app": "payments"}, "resourceVersion": "7"}
+    return {"kind": kind, "metadata": meta, "data": {"theirs": "1"}}
+
+
+def test_a_name_someone_else_holds_stops_every_write_until_it_is_free() -> None:
+    async def play() -> None:
+        ctx, kube, _, _ = context()
+        doc = body()
+        theirs = foreign("ConfigMap", "elastic-config")
+        kube.put(copy.deepcopy(theirs))
+        with pytest.raises(NameTaken, match="ConfigMap team/elastic-config exists and is not this RLJob's"):
+            await ensure_children(ctx, parse_job(doc), doc)
+        assert kube.writes == [], "nothing of the job is written while one name is taken"
+        assert kube.objects[("ConfigMap", NS, "elastic-config")] == theirs
+        ctx.taken[(NS, NAME)] = "ConfigMap team/elastic-config exists"
+        status = await refresh(ctx, parse_job(doc), doc)
+        assert status is not None
+        (degraded,) = [c for c in status.conditions if c.type == "Degraded"]
+        assert (degraded.status, degraded.reason) == ("True", "NameTaken")
+        del kube.objects[("ConfigMap", NS, "elastic-config")]  # its owner frees the name
+        ctx.taken.clear()
+        await handle(ctx, doc)
+        assert ("apply", "ConfigMap", "elastic-config") in kube.writes
+
+    asyncio.run(play())
+
+
+def test_a_suspended_job_deletes_no_pool_of_its_name_that_is_not_its_own() -> None:
+    async def play() -> None:
+        ctx, kube, _, _ = context()
+        doc = body(suspend=True)
+        theirs = {**foreign("RayCluster", RC), "spec": {}}
+        kube.put(copy.deepcopy(theirs))  # a suspended job renders no pools: the name is not checked, only spared
+        await handle(ctx, doc)
+        assert kube.objects[("RayCluster", NS, RC)] == theirs
+        assert ("delete", "RayCluster", RC) not in kube.writes
+
+    asyncio.run(play())
+
+
+def test_only_the_jobs_own_legacy_role_and_binding_are_removed() -> None:
+    async def play() -> None:
+        ctx, kube, _, _ = context()
+        doc = body(serviceAccountName="payments")
+        for kind in ("Role", "RoleBinding"):
+            kube.put(foreign(kind, "payments"))  # another application's, named like the account
+        await handle(ctx, doc)
+        assert {k for k, _, _ in kube.objects} >= {"Role", "RoleBinding"}
+        other, _, _, _ = context()
+        other.kube = cast(Any, kube)
+        kube.objects.clear()
+        for kind in ("Role", "RoleBinding"):  # what an older operator made for this job
+            kube.put({"kind": kind, "metadata": {"name": "payments", "namespace": NS, "ownerReferences": [OWNED]}})
+        await handle(other, doc)
+        assert not [k for k, _, _ in kube.objects if k in ("Role", "RoleBinding")]
+
+    asyncio.run(play())
+
+
+def test_a_token_secret_that_is_not_the_jobs_is_never_sent() -> None:
+    async def play() -> None:
+        ctx, kube, _, _ = context()
+        doc = body()
+        secret = foreign("Secret", "elastic-token")
+        secret["data"] = {"token": base64.b64encode(b"someone-elses").decode()}
+        kube.put(secret)
+        assert await job_token(ctx, parse_job(doc), owner_of(doc)) is None
+        with pytest.raises(NameTaken, match="Secret team/elastic-token"):
+            await ensure_children(ctx, parse_job(doc), doc)
+
+    asyncio.run(play())

@@ -19,6 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 def cmd_validate(args: argparse.Namespace) -> int:
     """Validate RLJob files; print every broken rule with its field (--deep: and the set-up checks)."""
     from rljob_api import resolve_algorithm
+    from rljob_api.spec import clear_text_tokens
     from rljob_workers.driver.errors import SetupError
     from rljob_workers.driver.run.code_path import put_job_folder_on_path
     from rljob_workers.driver.run.gpu_fit import check_colocate_fits
@@ -40,6 +41,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         else:
             checked = "; its model, data, rewards and engines check out" if args.deep else ""
             print(f"{path}: valid RLJob {job.metadata.name!r}{checked}")
+            for warning in clear_text_tokens(job):
+                print(f"{path}: {warning}", file=sys.stderr)
             if not fits:
                 print("  spec.colocate: its memory was not checked: no GPU here (--gpu-memory SIZE checks it)")
             for line in rule_conventions(job) if args.deep else ():

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from rljob_api import RLJobInvalid
+from rljob_api.spec import clear_text_tokens
 from rljob_workers.driver.errors import SetupError, StoppedBeforePoolsUp
 from rljob_workers.driver.run.environment_check import check_environment
 from rljob_workers.driver.run.gpu_fit import check_colocate_fits, require_gpu_to_colocate, require_gpus_here
@@ -57,6 +58,8 @@ def run_command(plan: RunPlan) -> int:
 
 def _set_up_and_run(plan: RunPlan, locks: list[FolderLock]) -> int:
     """Set up, then run; the folder locks taken go into `locks` (released by the caller)."""
+    for warning in clear_text_tokens(plan.job):
+        log.warning("%s", warning.removeprefix("warning: "))
     try:
         plan, trackers = _set_up_cluster(plan, locks) if plan.cluster else _set_up_locally(plan, locks)
     except (RLJobInvalid, SetupError, TrackerError) as exc:
