@@ -12,6 +12,7 @@ import sys
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 import yaml
@@ -71,6 +72,20 @@ def assets(tmp_path_factory: pytest.TempPathFactory) -> Path:
     char_llama(root / "model", eos_bias=3.0)
     write_jsonl(root / "train.jsonl", make_problems(64, seed=1))
     return root
+
+
+def actor_processes(driver_pid: int, actor_class: str) -> list[Any]:
+    """The processes of one Ray actor class (its proctitle "ray::<Class>...") under a `rljob run` driver."""
+    import psutil
+
+    found = []
+    for child in psutil.Process(driver_pid).children(recursive=True):
+        try:
+            if actor_class in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
 
 
 def kill_process_tree(pid: int) -> None:

@@ -16,14 +16,13 @@ import time
 import uuid
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
 
 from rljob_workers.driver.telemetry.metrics import read_metrics
 from rljob_workers.trainer import checkpoint
 
-from conftest import REPO, kill_process_tree
+from conftest import REPO, actor_processes, kill_process_tree
 
 pytestmark = [pytest.mark.ray, pytest.mark.serial]
 
@@ -73,16 +72,6 @@ def _listing(ckpt: Path) -> list[str]:
     return sorted(p.name for p in ckpt.iterdir() if p.name != ".rljob.lock")  # the run's folder lock
 
 
-def _trainer_process(driver: psutil.Process) -> psutil.Process | None:
-    for child in driver.children(recursive=True):
-        try:
-            if "TrainerActor" in " ".join(child.cmdline()):
-                return child
-        except psutil.Error:
-            continue
-    return None
-
-
 def test_a_save_killed_mid_write_resumes_from_the_previous_checkpoint(assets, wide_model, tmp_path):
     job_file, out, ckpt = _job_file(assets, tmp_path, 6, model=wide_model), tmp_path / "out", tmp_path / "ckpt"
     command = [RLJOB, "run", str(job_file), "--no-display", "--output", str(out)]
@@ -93,8 +82,7 @@ def test_a_save_killed_mid_write_resumes_from_the_previous_checkpoint(assets, wi
             assert run.poll() is None, run.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "no checkpoint of step 2 in 300 s"
             time.sleep(0.05)
-        trainer = _trainer_process(psutil.Process(run.pid))
-        assert trainer is not None, "no TrainerActor process under the driver"
+        (trainer,) = actor_processes(run.pid, "TrainerActor")
         staging = checkpoint.staging_dir(ckpt, 4)
         while not staging.exists():  # polled tightly: the save of step 4 has begun
             assert run.poll() is None and time.monotonic() < deadline, "step 4 was never saved"

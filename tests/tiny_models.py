@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
 from rljob_workers.models.tiny import char_tokenizer
 
@@ -56,6 +56,25 @@ def char_llama(
         states = model.model(torch.randint(4, len(vocab), (8, 24))).last_hidden_state.reshape(-1, hidden).mean(0)
         model.lm_head.weight[EOS] = states * (eos_bias / states.norm() ** 2)
     model.save_pretrained(path)
+    return path
+
+
+def char_gpt2(path: Path, *, positions: int = 128, seed: int = 0) -> Path:
+    """A tiny GPT-2 with the character tokenizer: its learned position embeddings end at `positions`, so the
+    engine fails (IndexError) on a longer prompt, as a real engine fails one request of many."""
+    vocab = save_char_tokenizer(path)
+    config = GPT2Config(
+        vocab_size=len(vocab),
+        n_positions=positions,
+        n_embd=32,
+        n_layer=1,
+        n_head=2,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=EOS,
+    )
+    torch.manual_seed(seed)
+    GPT2LMHeadModel(config).eval().save_pretrained(path)
     return path
 
 

@@ -109,6 +109,14 @@ class _AlgorithmCore(Model):
         le=64,
     )
     seed: int = Field(0, description="Seed of data order, sampling and initialisation.", ge=0)
+    max_failed_prompts: int = Field(
+        16,
+        description=(
+            "Prompts the run may set aside (failed.jsonl: too long, or failed by the engine rollout.retries "
+            "times) before it fails, naming them."
+        ),
+        ge=0,
+    )
     rollout_correction: RolloutCorrectionSpec = Field(
         default_factory=RolloutCorrectionSpec,
         description="How the loss accounts for the rollout engine and the trainer disagreeing on a token.",

@@ -73,6 +73,15 @@ class RolloutSpec(Placement):
     """The rollout pool: inference replicas that generate completions."""
 
     replicas: int = Field(1, description="Number of rollout replicas.", ge=1, le=1024)
+    retries: int = Field(
+        2,
+        description=(
+            "Times a prompt whose generation the engine failed (out of memory on one long sample, say) is tried "
+            "again on another replica before it goes to failed.jsonl and is skipped."
+        ),
+        ge=0,
+        le=16,
+    )
     gpus_per_replica: int = Field(
         1,
         description=(

@@ -85,6 +85,21 @@ class DataSpec(Model):
         min_length=1,
         max_length=65536,
     )
+    max_prompt_tokens: int | None = Field(
+        None,
+        description=(
+            "Longest prompt, in tokens, checked as each row is drawn (never sent to an engine); unset: the "
+            "model's context (max_position_embeddings) less rollout.sampling.maxNewTokens."
+        ),
+        ge=1,
+    )
+    prompt_too_long: Literal["drop", "fail"] = Field(
+        "drop",
+        description=(
+            "drop: a longer prompt goes to failed.jsonl in the output, counted, and the run goes on (until "
+            "algorithm.maxFailedPrompts); fail: the run fails naming it."
+        ),
+    )
     chat_template: Literal["auto", "off"] = Field(
         "auto",
         description=(
@@ -176,6 +191,21 @@ class ObjectMeta(Model):
     model_config = ConfigDict(extra="allow")
 
 
+class SupervisionSpec(Model):
+    """How the driver tells a hung replica from a busy one."""
+
+    hung_after_seconds: float = Field(
+        120.0,
+        description=(
+            "A replica (rollout, reward or environment) alive but answering none of the driver's pings for this "
+            "long is treated as lost: killed, replaced, its work sent elsewhere (generous: a busy replica on a "
+            "loaded machine answers late)."
+        ),
+        gt=0,
+        le=86400,
+    )
+
+
 class RLJobSpec(Model):
     """Desired state of an RL post-training job."""
 
@@ -191,6 +221,7 @@ class RLJobSpec(Model):
     )
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="The checkpoint engine.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    supervision: SupervisionSpec = Field(default_factory=SupervisionSpec, description="Finding hung replicas.")
     logging: LoggingSpec = Field(
         default_factory=LoggingSpec, description="Experiment trackers and sample logs of the run."
     )

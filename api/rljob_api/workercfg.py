@@ -130,6 +130,7 @@ class ControllerConfig(Model):
     algorithm: Algorithm
     sampling: SamplingSpec
     rollout_replicas: int
+    rollout_retries: int
     reward_replicas: ReplicaRange
     reward_scaling: ScalingSpec
     reward_timeout_seconds: float
@@ -142,6 +143,7 @@ class ControllerConfig(Model):
     checkpoint: CheckpointSpec
     logging: LoggingSpec
     max_restarts: dict[Pool, int]  # per pool: replicas replaced in one run before it fails
+    hung_after_seconds: float  # a replica answering no ping this long is lost (spec.supervision)
     reward_functions: bool = True  # the reward pool scores samples (False: the environment's return alone)
     environment: EnvironmentSpec | None = None  # episodes against it instead of one completion per sample
 
@@ -185,6 +187,7 @@ def _controller_config(job: RLJob, algorithm: Algorithm) -> ControllerConfig:
         algorithm=algorithm,
         sampling=spec.rollout.sampling,
         rollout_replicas=spec.rollout.replicas,
+        rollout_retries=spec.rollout.retries,
         reward_replicas=spec.reward.replicas,
         reward_scaling=spec.reward.scaling,
         reward_timeout_seconds=spec.reward.timeout_seconds,
@@ -202,6 +205,7 @@ def _controller_config(job: RLJob, algorithm: Algorithm) -> ControllerConfig:
             "trainer": spec.trainer.max_restarts,
             "environment": spec.environment.max_restarts if spec.environment else 0,
         },
+        hung_after_seconds=spec.supervision.hung_after_seconds,
         reward_functions=any(not function.judge_only for function in spec.reward.functions),
         environment=spec.environment,
     )

@@ -35,7 +35,7 @@ class PoolStatus(_message.Message):
     def __init__(self, desired: _Optional[int] = ..., ready: _Optional[int] = ..., drained: _Optional[_Iterable[str]] = ..., idle_fraction: _Optional[float] = ...) -> None: ...
 
 class SampleCounts(_message.Message):
-    __slots__ = ("generated", "scored", "trained", "discarded_stale", "excluded_reward_error", "lost_replica", "reward_retries", "waiting_for_reward", "filtered", "filtered_groups", "masked_truncated", "episodes", "turns", "episode_restarts", "environment_errors", "excluded_environment_error", "episodes_in_flight")
+    __slots__ = ("generated", "scored", "trained", "discarded_stale", "excluded_reward_error", "lost_replica", "reward_retries", "waiting_for_reward", "filtered", "filtered_groups", "masked_truncated", "episodes", "turns", "episode_restarts", "environment_errors", "excluded_environment_error", "episodes_in_flight", "failed_prompts", "failed_samples")
     GENERATED_FIELD_NUMBER: _ClassVar[int]
     SCORED_FIELD_NUMBER: _ClassVar[int]
     TRAINED_FIELD_NUMBER: _ClassVar[int]
@@ -53,6 +53,8 @@ class SampleCounts(_message.Message):
     ENVIRONMENT_ERRORS_FIELD_NUMBER: _ClassVar[int]
     EXCLUDED_ENVIRONMENT_ERROR_FIELD_NUMBER: _ClassVar[int]
     EPISODES_IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    FAILED_PROMPTS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     generated: int
     scored: int
     trained: int
@@ -70,7 +72,9 @@ class SampleCounts(_message.Message):
     environment_errors: int
     excluded_environment_error: int
     episodes_in_flight: int
-    def __init__(self, generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., discarded_stale: _Optional[int] = ..., excluded_reward_error: _Optional[int] = ..., lost_replica: _Optional[int] = ..., reward_retries: _Optional[int] = ..., waiting_for_reward: _Optional[int] = ..., filtered: _Optional[int] = ..., filtered_groups: _Optional[int] = ..., masked_truncated: _Optional[int] = ..., episodes: _Optional[int] = ..., turns: _Optional[int] = ..., episode_restarts: _Optional[int] = ..., environment_errors: _Optional[int] = ..., excluded_environment_error: _Optional[int] = ..., episodes_in_flight: _Optional[int] = ...) -> None: ...
+    failed_prompts: int
+    failed_samples: int
+    def __init__(self, generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., discarded_stale: _Optional[int] = ..., excluded_reward_error: _Optional[int] = ..., lost_replica: _Optional[int] = ..., reward_retries: _Optional[int] = ..., waiting_for_reward: _Optional[int] = ..., filtered: _Optional[int] = ..., filtered_groups: _Optional[int] = ..., masked_truncated: _Optional[int] = ..., episodes: _Optional[int] = ..., turns: _Optional[int] = ..., episode_restarts: _Optional[int] = ..., environment_errors: _Optional[int] = ..., excluded_environment_error: _Optional[int] = ..., episodes_in_flight: _Optional[int] = ..., failed_prompts: _Optional[int] = ..., failed_samples: _Optional[int] = ...) -> None: ...
 
 class JobStatus(_message.Message):
     __slots__ = ("phase", "step", "total_steps", "policy_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max", "samples_per_second", "rollout", "trainer", "reward", "samples", "checkpoint", "message", "elapsed_seconds", "reward_wait_reason", "run_id", "restarts", "eval", "environment")

@@ -204,6 +204,10 @@ class PromptSource:
         """This prompt's group had nothing to learn (dynamic sampling dropped it): done, as if trained."""
         del self.pending[prompt_id]
 
+    def failed(self, prompt_id: str) -> None:
+        """This prompt was set aside (failed.jsonl): done, never handed out again."""
+        del self.pending[prompt_id]
+
     def state(self) -> dict[str, Any]:
         """JSON-able position for a checkpoint."""
         return {"epoch": self.epoch, "cursor": self.cursor, "pending": sorted(self.pending)}

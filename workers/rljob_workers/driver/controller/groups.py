@@ -176,6 +176,15 @@ class GroupTracker:
             else:
                 self.filtered.append(group)
 
+    def step_drops(self, batch: list[Group]) -> list[Group]:
+        """The groups dropped for the step gathering `batch`: its groups' own, and those dropped since the
+        last group to learn from completed (the next one, this step's if it still has room, takes them)."""
+        return [dropped for group in batch for dropped in group.dropped_before] + self.filtered
+
+    def drops_for(self, batch: list[Group]) -> int:
+        """len(step_drops(batch)), counted, not listed: asked at every wake-up while the batch is gathered."""
+        return len(self.filtered) + sum(len(group.dropped_before) for group in batch)
+
     def drop(self, prompt_id: str) -> Group:
         """Forget a group in flight (its prompt will be handed out again)."""
         return self.groups.pop(prompt_id)

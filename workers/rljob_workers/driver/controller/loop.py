@@ -9,8 +9,8 @@ Three kinds of asyncio tasks share one `asyncio.Condition`:
 Under dynamic sampling (DAPO) a group whose rewards are all equal is dropped as it completes, and its
 place in the staleness window is free at once for another group.
 Every sample is counted on its way: generated, scored, trained, discarded as stale,
-excluded after a reward error, regenerated after a replica was lost, dropped by dynamic sampling or
-left out of the loss as truncated.
+excluded after a reward error, regenerated after a replica was lost, dropped by dynamic sampling,
+left out of the loss as truncated, or set aside with its prompt (too long, failed by the engine).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from rljob_workers.driver.controller.messages import contiguous_runs, generate_r
 from rljob_workers.driver.controller.protocols import Scorer, Trainer
 from rljob_workers.driver.controller.report import Counts, NothingToLearn, RunFailed, StepReport
 from rljob_workers.driver.controller.scoring import RewardScoring
+from rljob_workers.driver.controller.set_aside import PromptGuard, PromptLimit, SetAside
 from rljob_workers.driver.controller.step_report import step_report
 from rljob_workers.driver.pools.busy import BusyClock
 from rljob_workers.driver.pools.rollout import Replica, ReplicaLost, RolloutClients
@@ -60,6 +61,8 @@ class Controller:
     on_step: Callable[[StepReport], None] = lambda report: None
     evaluation: Evaluation | None = None  # the held-out eval (spec.data.eval)
     episodes: EpisodeRunner | None = None  # spec.environment: each sample is an episode it plays
+    set_aside: SetAside | None = None  # where prompts too long or failed by the engine go (failed.jsonl)
+    prompt_limit: PromptLimit | None = None  # data.maxPromptTokens
     step: int = 0
     version: int = 0
     counts: Counts = field(default_factory=Counts)
@@ -77,6 +80,8 @@ class Controller:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
 
     def __post_init__(self) -> None:
+        parts = (self.config, self.prompts, self.tracker, self.counts, self.fail)
+        self.guard = PromptGuard(*parts, self.set_aside, self.prompt_limit)  # poison input: set aside, not fatal
         self.scoring = RewardScoring(self.config, self.scorer, self.counts, self.tracker, self._changed, self.fail)
         if self.algo.dynamic_sampling.enabled:  # DAPO: a group with nothing to learn frees its place at once
             budget = self.config.sampling.max_new_tokens
@@ -214,7 +219,7 @@ class Controller:
                 await self._changed.wait_for(take)
                 self._raise_if_failed()
                 if self._too_many_filtered(batch):
-                    raise NothingToLearn(self._nothing_to_learn(batch))
+                    raise NothingToLearn(nothing_to_learn(self.tracker.step_drops(batch), self.step + 1, self.algo))
                 if not taken:  # stopped
                     return batch, []
                 group = taken.pop()
@@ -229,18 +234,8 @@ class Controller:
                 self._in_training += 1
         return batch, [dropped for group in batch for dropped in group.dropped_before]
 
-    def _step_drops(self, batch: list[Group]) -> list[Group]:
-        """The groups dropped for the step gathering `batch`: its groups' own, and those dropped since the
-        last group to learn from completed (the next one, this step's if it still has room, takes them)."""
-        return [dropped for group in batch for dropped in group.dropped_before] + self.tracker.filtered
-
     def _too_many_filtered(self, batch: list[Group]) -> bool:
-        # Counted, not listed: asked at every wake-up while the batch is gathered.
-        drops = len(self.tracker.filtered) + sum(len(group.dropped_before) for group in batch)
-        return drops > self.algo.dynamic_sampling.max_extra_groups
-
-    def _nothing_to_learn(self, batch: list[Group]) -> str:
-        return nothing_to_learn(self._step_drops(batch), self.step + 1, self.algo)
+        return self.tracker.drops_for(batch) > self.algo.dynamic_sampling.max_extra_groups
 
     def _checkpointed_now(self) -> bool:
         """Whether the step just finished is one that gets a checkpoint."""
@@ -250,9 +245,13 @@ class Controller:
     def _may_dispatch(self) -> bool:
         # Groups taken for the step in progress stay outstanding until its new version is out.
         outstanding = self.tracker.outstanding + self._in_training
-        return not self.stop.is_set() and (
-            dispatch_allowed(outstanding, self.algo.prompts_per_step, self.algo.max_staleness)
-            and self._trained_groups + outstanding < self.algo.total_steps * self.algo.prompts_per_step
+        return (
+            not self.stop.is_set()
+            and self._failure is None
+            and (
+                dispatch_allowed(outstanding, self.algo.prompts_per_step, self.algo.max_staleness)
+                and self._trained_groups + outstanding < self.algo.total_steps * self.algo.prompts_per_step
+            )
         )
 
     async def _dispatch_loop(self) -> None:
@@ -265,7 +264,9 @@ class Controller:
                 # sees it.
                 replica = self.rollout.pick()
                 assert replica is not None  # the wait's condition
-                prompt = self.prompts.next()
+                prompt = self.guard.draw(self.step)
+                if prompt is None:  # the run failed on it
+                    continue
                 self.tracker.start(prompt, self.algo.group_size, self.version)
                 if self.episodes is not None:  # each episode takes a slot for each of its turns, as it goes
                     for index in range(self.algo.group_size):
@@ -285,15 +286,18 @@ class Controller:
         if not task.cancelled() and task.exception() is not None:
             self.fail(f"internal error: {task.exception()!r}")
 
-    async def _generate(self, prompt: Prompt, indices: list[int], replica: Replica | None = None) -> None:
-        """Generate samples `indices` of `prompt` on `replica` (its slot taken), else the first with room."""
+    async def _generate(
+        self, prompt: Prompt, indices: list[int], replica: Replica | None = None, avoid: str = ""
+    ) -> None:
+        """Generate samples `indices` of `prompt` on `replica` (its slot taken), else the first with room
+        (another than `avoid` where one is live)."""
         reserved = replica is not None
         while replica is None:
             async with self._changed:
                 await self._changed.wait_for(lambda: self.rollout.pick() is not None or self._failure is not None)
                 if self._failure:
                     return
-                replica = self.rollout.pick()
+                replica = self.rollout.pick(avoid)
         try:
             request = generate_request(self.config, prompt, indices)
             async for completions in self.rollout.generate(replica, request, reserved=reserved):
@@ -301,8 +305,10 @@ class Controller:
         except ReplicaLost as exc:
             log.warning("%s; regenerating the rest of prompt %s elsewhere", exc, prompt.prompt_id)
             await self._regenerate_missing(prompt)
-        except grpc.aio.AioRpcError as exc:
-            self.fail(f"rollout replica {replica.name} refused prompt {prompt.prompt_id}: {exc.details()}")
+        except grpc.aio.AioRpcError as exc:  # the engine failed this request (one long sample out of memory, ...)
+            error = f"{exc.code().name}: {exc.details()}"
+            for run in self.guard.engine_failed(prompt, replica.name, error, self.step):  # on another replica
+                self._spawn(self._generate(prompt, run, avoid=replica.name))
         async with self._changed:
             self._changed.notify_all()
 

@@ -34,6 +34,8 @@ class Counts:
     episode_restarts: int = 0  # episodes started again from the start (an environment error, a lost replica)
     environment_errors: int = 0  # attempts of episodes an environment error ended
     excluded_environment_error: int = 0  # episodes excluded after environment errors (onError: exclude)
+    failed_prompts: int = 0  # prompts set aside (failed.jsonl): too long, or failed by the engine past retries
+    failed_samples: int = 0  # samples of prompts the engine failed, excluded from their group (some came)
 
 
 @dataclass(frozen=True)

@@ -177,8 +177,10 @@ class WeightSync:
         try:
             pending: set[asyncio.Future[Any]] = set(sides)
             while pending:
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-                failure = next(((i, e) for i, s in enumerate(sides) if s in done and (e := s.exception())), None)
+                # FIRST_COMPLETED, not FIRST_EXCEPTION: a call cancelled by its closed channel (a replica found
+                # hung and taken out) raised nothing, and waiting on would wait on the group for its timeout.
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                failure = next(((i, e) for i, s in enumerate(sides) if s in done and (e := _failure_of(s))), None)
                 if failure is not None and pending:
                     who = "the trainer" if failure[0] == 0 else live[failure[0] - 1].name
                     await self._abort(f"{what} of {who} failed: {_detail(failure[1])}")
@@ -227,5 +229,12 @@ async def answers(replica: Replica) -> bool:
     return True
 
 
+def _failure_of(side: asyncio.Future[Any]) -> BaseException | None:
+    """How a finished side failed: its exception, or a CancelledError when its call was cancelled."""
+    return asyncio.CancelledError("its call was cancelled") if side.cancelled() else side.exception()
+
+
 def _detail(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.CancelledError):
+        return "its call was cancelled (the replica was taken out of the pool)"
     return (exc.details() or "") if isinstance(exc, grpc.aio.AioRpcError) else f"{type(exc).__name__}: {exc}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -44,24 +45,38 @@ class RolloutClients:
     token: str | None = None  # the job's, sent on every call
     replicas: dict[str, Replica] = field(default_factory=dict)
     busy: BusyClock = field(default_factory=BusyClock)  # while any prompt is being generated
+    _closing: set[asyncio.Future[None]] = field(default_factory=set)  # channels closing in the background
 
     def add(self, name: str, address: str) -> Replica:
         ch = channel(address, self.token)
         replica = self.replicas[name] = Replica(name, address, pb_grpc.RolloutServiceStub(ch), ch)
         return replica
 
-    async def remove(self, name: str) -> None:
+    async def remove(self, name: str, grace: float | None = None) -> None:
+        """Take a replica out; `grace`: seconds its calls in flight have to end before they are cancelled (the
+        channel closes in the background meanwhile). A replica found dead or hung is killed first, so its calls
+        fail at once with UNAVAILABLE, which every caller handles; a cancelled call is a CancelledError, which
+        a caller would take for its own cancellation."""
         replica = self.replicas.pop(name, None)
-        if replica is not None:
-            replica.alive = False
+        if replica is None:
+            return
+        replica.alive = False
+        if grace is None:
             await replica.channel.close(grace=None)
+        else:
+            self._closing.add(task := asyncio.ensure_future(replica.channel.close(grace=grace)))
+            task.add_done_callback(self._closing.discard)
 
     def live(self) -> list[Replica]:
         return [r for r in self.replicas.values() if r.alive]
 
-    def pick(self) -> Replica | None:
-        """The live replica with the fewest prompts in flight, if one has room."""
-        candidates = [r for r in self.live() if r.in_flight < self.max_in_flight]
+    def pick(self, avoid: str = "") -> Replica | None:
+        """The live replica with the fewest prompts in flight, if one has room; another than `avoid` (one that
+        just failed the request) where another is live."""
+        live = self.live()
+        if avoid and any(r.name != avoid for r in live):
+            live = [r for r in live if r.name != avoid]
+        candidates = [r for r in live if r.in_flight < self.max_in_flight]
         return min(candidates, key=lambda r: (r.in_flight, r.name)) if candidates else None
 
     async def generate(
@@ -85,6 +100,13 @@ class RolloutClients:
                 replica.alive = False
                 raise ReplicaLost(replica.name, exc.details() or exc.code().name) from None
             raise
+        except asyncio.CancelledError:
+            # The call, not this task, was cancelled: `remove` closed the channel of a replica found hung
+            # (its stream would never have ended). Its prompts go elsewhere, as for a replica that died.
+            task = asyncio.current_task()
+            if replica.alive or (task is not None and task.cancelling()):
+                raise
+            raise ReplicaLost(replica.name, "taken out of the pool") from None
         finally:
             replica.in_flight -= len(request.prompts)
             self.busy.end()

@@ -33,6 +33,8 @@ from rljob_workers.reward.remote import token_path
 
 # Longest wait for the pools' replicas to stop cleanly at the run's end (each is killed after its own grace).
 STOP_ALL_SECONDS = 30
+# A killed replica's calls fail at once (UNAVAILABLE); its channel closes after this, cancelling any left.
+DETACH_GRACE_SECONDS = 30.0
 
 
 class JobPools:
@@ -149,6 +151,7 @@ class JobPools:
         """Who replaces a dead replica of each gRPC pool (see `supervision`); `wake` tells the controller that
         a new rollout replica serves."""
         restarts = self.plan.configs.controller.max_restarts
+        hung_after = self.plan.configs.controller.hung_after_seconds
 
         async def attach_rollout(name: str, address: str) -> None:
             """A new rollout replica pulls the current weights before the controller may pick it."""
@@ -167,8 +170,9 @@ class JobPools:
             restarts["rollout"],
             lost=lambda name: name in self.clients.replicas and not self.clients.replicas[name].alive,
             attach=attach_rollout,
-            detach=lambda name, cause: self.clients.remove(name),
+            detach=lambda name, cause: self.clients.remove(name, grace=DETACH_GRACE_SECONDS),
             on_restart=on_restart,
+            hung_after=hung_after,
         )
         reward = PoolSupervisor(
             self.reward,
@@ -178,6 +182,7 @@ class JobPools:
             detach=detach_reward,
             on_restart=on_restart,
             lock=self.elastic.lock if self.elastic is not None else asyncio.Lock(),
+            hung_after=hung_after,
         )
         supervisors = [rollout, reward]
         environments = self.environments
@@ -190,6 +195,7 @@ class JobPools:
                     attach=lambda name, address: _attached(environments.add(name, address)),
                     detach=lambda name, cause: environments.remove(name),
                     on_restart=on_restart,
+                    hung_after=hung_after,
                 )
             )
         return supervisors

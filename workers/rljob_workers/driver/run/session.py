@@ -24,6 +24,7 @@ from rljob_workers.driver.controller.evaluation import evaluation_for
 from rljob_workers.driver.controller.loop import Controller
 from rljob_workers.driver.controller.observations import ObservationEncoder
 from rljob_workers.driver.controller.report import Counts, RunFailed, StepReport
+from rljob_workers.driver.controller.set_aside import FAILED_JSONL, SetAside, prompt_limit
 from rljob_workers.driver.controller.status import ControlServicer, RunView, final_status_message
 from rljob_workers.driver.errors import first_line
 from rljob_workers.driver.placement.launcher import worker_env
@@ -179,6 +180,8 @@ class RunSession:
             version=int(state.get("policy_version", 0)),
             counts=counts,
             episodes=episodes,
+            set_aside=SetAside(config.algorithm.max_failed_prompts, self.plan.output / FAILED_JSONL),
+            prompt_limit=prompt_limit(config.model_path, config.data.max_prompt_tokens, config.sampling.max_new_tokens),
         )
 
     async def _episodes(self, counts: Counts) -> EpisodeRunner | None:

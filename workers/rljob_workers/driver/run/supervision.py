@@ -137,8 +137,10 @@ class PoolSupervisor:
     detach: Callable[[str, str], Awaitable[None]]  # take a dead replica (name, cause) out of it
     on_restart: Callable[[Restart], None] = lambda restart: None  # told of each replacement
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # shared with whatever else resizes the pool
+    hung_after: float = float("inf")  # seconds without an answer to any ping that make a replica lost
     restarts: list[Restart] = field(default_factory=list)
     _seen_alive: float = field(default_factory=time.monotonic)
+    _answered: dict[str, float] = field(default_factory=dict)  # by replica: when it last answered a ping
 
     async def check(self) -> None:
         """One round: replace every replica found dead (raises RestartBudgetSpent past the budget)."""
@@ -153,7 +155,13 @@ class PoolSupervisor:
         actor = self.pool.actors.get(name)
         if actor is None:
             return None
-        cause = await ping(actor)
+        answered, cause = await _ask(actor, min(PING_TIMEOUT, self.hung_after))
+        now = time.monotonic()
+        if answered:
+            self._answered[name] = now
+        elif cause is None and now - self._answered.setdefault(name, now) >= self.hung_after:
+            # Alive to Ray, answering nothing (a SIGSTOPped process, a wedged event loop): hung, and lost.
+            cause = f"it answered no ping for {now - self._answered[name]:.0f} s (spec.supervision.hungAfterSeconds)"
         if cause is None and self.lost(name):
             cause = "its gRPC stream broke"
         return cause
@@ -167,6 +175,7 @@ class PoolSupervisor:
                 return
             detected = time.monotonic()
             self.pool.kill(name)
+            self._answered.pop(name, None)
             await self.detach(name, cause)
             used = len(self.restarts)
             if used >= self.max_restarts:

@@ -29,7 +29,11 @@ def status_table(job: str, status: pb.JobStatus) -> Table:
         ("pools", "  ".join(f"{n} {p.ready}/{p.desired}" for n, p in _pools(status))),
         ("idle", "  ".join(f"{n} {p.idle_fraction:.0%}" for n, p in _pools(status))),
         ("samples", f"generated {s.generated}  scored {s.scored}  trained {s.trained}"),
-        ("set aside", f"stale {s.discarded_stale}  reward errors {s.excluded_reward_error}  lost {s.lost_replica}"),
+        (
+            "set aside",
+            f"stale {s.discarded_stale}  reward errors {s.excluded_reward_error}  lost {s.lost_replica}"
+            + (f"  failed prompts {s.failed_prompts}" if s.failed_prompts else ""),
+        ),
         ("reward retries", str(s.reward_retries)),
         ("elapsed", f"{status.elapsed_seconds:.0f} s"),
     ]

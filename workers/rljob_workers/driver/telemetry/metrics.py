@@ -28,6 +28,7 @@ COUNT_HELP = {
     "reward_retries": "Reward calls retried after an error",
     "filtered": "Samples of groups dynamic sampling dropped (all rewards equal)",
     "masked_truncated": "Samples cut at maxNewTokens and left out of the loss (overlong.maskTruncated)",
+    "failed_prompts": "Prompts set aside in failed.jsonl (too long, or failed by the engine past rollout.retries)",
 }
 
 
