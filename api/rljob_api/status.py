@@ -23,7 +23,10 @@ class Condition(Model):
     """A Kubernetes-style condition."""
 
     type: str = Field(
-        description="Condition type: RolloutReady, TrainerReady, RewardReady, VolumesReady, Progressing, Degraded."
+        description=(
+            "Condition type: RolloutReady, TrainerReady, RewardReady, VolumesReady, Progressing, Degraded, Ready, "
+            "Succeeded, Failed."
+        ),
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field("", description="CamelCase reason, e.g. InsufficientGPUs.")

@@ -15,7 +15,17 @@ from .observe import Observed
 from .raycluster import clamp_reward_replicas
 from .restarts import count_restarts
 
-CONDITION_TYPES = ("RolloutReady", "TrainerReady", "RewardReady", "VolumesReady", "Progressing", "Degraded")
+CONDITION_TYPES = (
+    "RolloutReady",
+    "TrainerReady",
+    "RewardReady",
+    "VolumesReady",
+    "Progressing",
+    "Degraded",
+    "Ready",
+    "Succeeded",
+    "Failed",
+)
 READY_TYPE: dict[Pool, str] = {"rollout": "RolloutReady", "trainer": "TrainerReady", "reward": "RewardReady"}
 TERMINAL: tuple[Phase, ...] = ("Succeeded", "Failed")
 GPU_SHORTAGE = "Insufficient nvidia.com/gpu"
@@ -103,6 +113,25 @@ def _progressing(phase: Phase, snapshot: control_pb.JobStatus | None, job: RLJob
         return "Unknown", "ControllerUnreachable", "the controller's ControlService did not answer"
     total = snapshot.total_steps or job.spec.algorithm.total_steps
     return "True", "Training", f"step {snapshot.step}/{total}, policy version {snapshot.policy_version}"
+
+
+def _aggregate(phase: Phase, message: str, wanted: dict[str, tuple[str, str, str]]) -> dict[str, tuple[str, str, str]]:
+    """Ready (running, every pool and volume ready), and the terminal Succeeded and Failed, so that
+    `kubectl wait --for=condition=Succeeded rljob/NAME` works."""
+    parts = [kind for kind in (*READY_TYPE.values(), "VolumesReady") if wanted[kind][0] != "True"]
+    ready: tuple[str, str, str]
+    if phase != "Running":
+        ready = ("False", phase, f"the run is {phase}")
+    elif parts:
+        ready = ("False", "NotReady", f"not ready: {', '.join(parts)}")
+    else:
+        ready = ("True", "Running", "")
+    done = phase in ("Succeeded", "Failed")
+    return {
+        "Ready": ready,
+        "Succeeded": ("True", "Succeeded", message) if phase == "Succeeded" else ("False", phase, ""),
+        "Failed": ("True", "Failed", message) if phase == "Failed" else ("False", phase if done else "NotFailed", ""),
+    }
 
 
 def _degraded(job: RLJob, observed: Observed, phase: Phase, message: str, waiting: str) -> tuple[str, str, str]:
@@ -223,6 +252,7 @@ def compute_status(
     wanted["Progressing"] = _progressing(phase, snapshot, job)
     degraded = _degraded(job, observed, phase, message, waiting)
     wanted["Degraded"] = ("True", "NameTaken", name_taken) if name_taken else degraded
+    wanted.update(_aggregate(phase, message, wanted))
     prev = previous or RLJobStatus()
     status = RLJobStatus(
         phase=phase,

@@ -102,8 +102,13 @@ def test_status_events_and_progress(cluster: Cluster, operator: OperatorProcess,
     assert line[:3] == ["progress", "Running", "3"], line  # printer columns: name, phase, step
     # The run ends: the driver pod succeeds, the Job completes, the pools are released.
     fake.status = None
+    assert condition(status, "Ready")["status"] == "True" and condition(status, "Succeeded")["status"] == "False"
     cluster.kubelet(ns, "rljob.io/job=progress,rljob.io/component=driver", "Succeeded")
+    # As a user (or a pipeline) waits for a run: kubectl wait on the terminal condition returns once it ends.
+    waited = cluster.kubectl("wait", "--for=condition=Succeeded", "rljob/progress", "-n", ns, "--timeout=60s")
+    assert "condition met" in waited.stdout, waited.stdout
     status = wait_for("phase Succeeded", lambda: phase_is(cluster, "progress", ns, "Succeeded"))
+    assert condition(status, "Failed")["status"] == "False" and condition(status, "Ready")["status"] == "False"
     assert status["completionTime"] and status["step"] == 3
     wait_for("RayCluster released", lambda: cluster.get("raycluster", "progress-ray", ns) is None)
     assert cluster.get("job", "progress-driver", ns) is not None
@@ -327,10 +332,18 @@ def test_operator_restart_mid_reconcile_creates_no_duplicates(
     operator.stop(signal.SIGKILL)
     half = {n: sum(len(v) for v in children(cluster, n, ns).values()) for n in names}
     operator.start()
+    expected = {k: 3 if k == "service" else 1 for k in CHILD_KINDS}
+
+    def counted(n: str) -> dict[str, int] | None:
+        """Its children by kind once each kind has all it should (a wave's Services are applied side by side,
+        so one may be seen before the others), or any kind has more (a duplicate: fails below)."""
+        counts = {kind: len(objs) for kind, objs in children(cluster, n, ns).items()}
+        done = all(counts[k] >= v for k, v in expected.items()) or any(counts[k] > v for k, v in expected.items())
+        return counts if done else None
+
     for n in names:
-        found = wait_for(f"children of {n}", lambda n=n: all_children(cluster, n, ns))
-        counts = {kind: len(objs) for kind, objs in found.items()}
-        assert counts == {k: 3 if k == "service" else 1 for k in CHILD_KINDS}, (n, counts)
+        counts = wait_for(f"children of {n}", lambda n=n: counted(n))
+        assert counts == expected, (n, counts)
     for n in names:
         wait_for(f"{n} pools ready", lambda n=n: pools_ready(cluster, n, ns))
         pods = cluster.objects("pods", ns, f"rljob.io/job={n}")

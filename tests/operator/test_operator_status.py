@@ -61,6 +61,9 @@ def test_pending_before_children() -> None:
         "VolumesReady",
         "Progressing",
         "Degraded",
+        "Ready",
+        "Succeeded",
+        "Failed",
     ]
     assert all(c.observed_generation == 1 for c in status.conditions)
 
@@ -238,7 +241,14 @@ def test_succeeded_from_the_driver_job() -> None:
 def test_succeeded_from_the_controller() -> None:
     observed = Observed(ray_cluster=True, head=HEAD, pods=running_pools(), driver=DRIVER_RUNNING)
     snap = snapshot(phase=control_pb.RUN_PHASE_SUCCEEDED, step=500)
-    assert compute_status(job(), observed, snap, now=T0).phase == "Succeeded"
+    status = compute_status(job(), observed, snap, now=T0)
+    assert status.phase == "Succeeded"
+    # the terminal conditions `kubectl wait --for=condition=...` reads
+    assert [(cond(status, k).status, cond(status, k).reason) for k in ("Succeeded", "Failed", "Ready")] == [
+        ("True", "Succeeded"),
+        ("False", "Succeeded"),
+        ("False", "Succeeded"),
+    ]
 
 
 def test_failed_carries_the_reason() -> None:
@@ -248,6 +258,8 @@ def test_failed_carries_the_reason() -> None:
     degraded = cond(status, "Degraded")
     assert (degraded.status, degraded.reason) == ("True", "Failed")
     assert "backoff limit" in degraded.message and "backoff limit" in (status.message or "")
+    assert cond(status, "Failed").status == "True" and "backoff limit" in cond(status, "Failed").message
+    assert cond(status, "Succeeded").status == "False"
     snap = snapshot(phase=control_pb.RUN_PHASE_FAILED, message="reward function exact-match raised")
     failed = compute_status(job(), Observed(ray_cluster=True, head=HEAD, driver=DRIVER_RUNNING), snap, now=T0)
     assert failed.phase == "Failed" and failed.message == "reward function exact-match raised"
