@@ -20,6 +20,8 @@ CHILD_KINDS = (
     "job",
 )
 
+CHILD_COUNTS = {kind: 3 if kind == "service" else 1 for kind in CHILD_KINDS}  # a running job's children
+
 
 def rljob(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
     doc = copy.deepcopy(ARITHMETIC)
@@ -50,6 +52,17 @@ def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
 
 def children(cluster: Cluster, name: str, ns: str) -> dict[str, list[dict[str, Any]]]:
     return {kind: cluster.objects(kind, ns, f"rljob.io/job={name}") for kind in CHILD_KINDS}
+
+
+def counted_children(
+    cluster: Cluster, name: str, ns: str, expected: dict[str, int] | None = None
+) -> dict[str, int] | None:
+    """A job's children by kind once each kind has all `expected` (CHILD_COUNTS; a wave's Services are
+    applied side by side, so one may be seen before the others), or any kind has more (a duplicate)."""
+    expected = expected or CHILD_COUNTS
+    counts = {kind: len(objs) for kind, objs in children(cluster, name, ns).items()}
+    done = all(counts[k] >= v for k, v in expected.items()) or any(counts[k] > v for k, v in expected.items())
+    return counts if done else None
 
 
 def all_children(cluster: Cluster, name: str, ns: str) -> dict[str, list[dict[str, Any]]] | None:
