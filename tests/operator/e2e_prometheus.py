@@ -25,6 +25,8 @@ import yaml
 from e2e_cluster import CHART, Cluster, free_port, wait_for
 
 SCRAPE_INTERVAL = "2s"
+# The series only a job with environments exports (driver/telemetry/episode_metrics.py)
+EPISODE_SERIES = ("rljob_episode", "rljob_environment_", "rljob_tool_calls")
 DASHBOARD = CHART / "files" / "rljob-dashboard.json"
 
 
@@ -37,6 +39,7 @@ class Window:
     start: float
     end: float
     evaluates: bool = True  # the job has spec.data.eval: its held-out eval panels show data
+    plays_episodes: bool = False  # the job has spec.environment: its episode panels show data
 
 
 def service_monitors(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
@@ -205,6 +208,8 @@ def empty_panels(prometheus: Prometheus, window: Window) -> list[str]:
     for title, expr in panel_queries(board):
         if "rljob_eval_" in expr and not window.evaluates:
             continue  # no eval rounds, nothing to show
+        if any(series in expr for series in EPISODE_SERIES) and not window.plays_episodes:
+            continue  # one completion per prompt, no episodes to show
         if not prometheus.series_over(with_variables(expr, window), window):
             empty.append(f"{title}: {expr}")
     return empty

@@ -79,8 +79,11 @@ class Setup:
         self.prometheus: Prometheus | None = None
         self.windows: list[Window] = []  # each RLJob run, for the dashboard test
 
-    def ran(self, name: str, start: float, evaluates: bool = True) -> None:
-        self.windows.append(Window(NS, name, start, time.time(), evaluates))
+    def ran(self, name: str, start: float, job: dict[str, Any]) -> None:
+        spec = job["spec"]
+        self.windows.append(
+            Window(NS, name, start, time.time(), "eval" in spec["data"], bool(spec.get("environments")))
+        )
 
 
 @pytest.fixture(scope="module")
@@ -187,7 +190,7 @@ def test_apply_trains_through_five_faults_to_succeeded_and_delete_leaves_nothing
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{diagnose(cluster, NS)}") from None
     took = time.monotonic() - started
-    setup.ran(JOB, applied)
+    setup.ran(JOB, applied, job)
     assert status["phase"] == "Succeeded", diagnose(cluster, NS)
     final_line = cluster.kubectl("get", "rlj", JOB, "-n", NS).stdout
 
@@ -310,7 +313,7 @@ def _judged_run(
     finally:
         watch_.stop()
     wall = time.monotonic() - started
-    setup.ran(name, applied, evaluates="eval" in job["spec"]["data"])
+    setup.ran(name, applied, job)
     assert status["phase"] == "Succeeded", diagnose(cluster, NS)
     driver_log = cluster.kubectl("logs", "-n", NS, f"job/{name}-driver").stdout
     books = read_ledger(setup.runs / name / "metrics.jsonl", ELASTIC_STEPS, job["spec"]["algorithm"]["promptsPerStep"])
