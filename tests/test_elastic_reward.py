@@ -9,7 +9,7 @@ from typing import Any
 
 from rljob.v1 import sample_pb2
 from rljob_api.reward import ReplicaRange, RewardFunction, RuleReward, ScalingSpec
-from rljob_workers.driver.pools.elastic import ElasticRewardPool
+from rljob_workers.driver.pools.elastic import ElasticPool
 from rljob_workers.driver.pools.reward.router import RewardRouter
 from rljob_workers.reward import RewardFunctionSet
 from rljob_workers.reward.server import start_reward_server
@@ -57,7 +57,7 @@ async def scenario() -> tuple[list[int], list[str], int, int]:
         interval_seconds=0.05,
         scale_down_window_seconds=0,
     )
-    elastic = ElasticRewardPool(router, pool, ReplicaRange(min=1, max=4), scaling, arrivals=lambda: sent)
+    elastic = ElasticPool(router, pool, ReplicaRange(min=1, max=4), scaling, arrivals=lambda: sent)
     sizes: list[int] = []
     scores: list[sample_pb2.SampleScore] = []
 
@@ -107,7 +107,7 @@ async def latency_after_a_slow_stretch() -> tuple[float | None, float | None]:
     router, pool = RewardRouter(replica_timeout=10.0), ServerPool()
     for _ in range(2):
         await router.add_replica(*(await pool.add()))
-    elastic = ElasticRewardPool(router, pool, ReplicaRange(min=1, max=2), ScalingSpec(), arrivals=lambda: 0)
+    elastic = ElasticPool(router, pool, ReplicaRange(min=1, max=2), ScalingSpec(), arrivals=lambda: 0)
     try:
         await router.score_many([timed(i, 0.3) for i in range(8)])
         during = elastic.observe(1.0).latency_seconds

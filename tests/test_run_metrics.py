@@ -28,13 +28,14 @@ def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-def test_metrics_endpoint_serves_sync_time_reward_backlog_and_replicas() -> None:
+def test_metrics_endpoint_serves_sync_time_and_each_elastic_pools_backlog_and_replicas() -> None:
     metrics = RunMetrics("demo")
     port = metrics.serve(0)
     try:
         metrics.update(_report(1, 0.25, Counts(generated=128, scored=128, trained=128)))
         metrics.update(_report(2, 0.5, Counts(generated=256, scored=250, trained=256)))
-        metrics.set_reward(backlog=37, desired=3, ready=2)
+        metrics.set_elastic("reward", backlog=37, desired=3, ready=2)
+        metrics.set_elastic("environment", backlog=5, desired=4, ready=1)
         got = _scrape(port)
     finally:
         metrics.close()
@@ -43,6 +44,9 @@ def test_metrics_endpoint_serves_sync_time_reward_backlog_and_replicas() -> None
     assert got[("rljob_reward_backlog", ())] == 37
     assert got[("rljob_reward_replicas", (("state", "desired"),))] == 3
     assert got[("rljob_reward_replicas", (("state", "ready"),))] == 2
+    assert got[("rljob_environment_backlog", ())] == 5
+    assert got[("rljob_environment_replicas", (("state", "desired"),))] == 4
+    assert got[("rljob_environment_replicas", (("state", "ready"),))] == 1
     assert got[("rljob_samples_total", (("outcome", "scored"),))] == 250  # counted once across reports
 
 

@@ -98,6 +98,8 @@ def structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         extra = schema.get("additionalProperties")
         if isinstance(extra, dict):
             out["additionalProperties"] = structural(extra, defs)
+        elif extra is True:  # free-form (an environment's args): kept as written, not pruned
+            out["x-kubernetes-preserve-unknown-fields"] = True
     if schema.get("type") == "array":
         out["items"] = structural(schema.get("items", {}), defs)
     return out

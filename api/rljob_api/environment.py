@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from .base import FieldRuleError, cel, cel_rules
 from .placement import Placement
-from .reward import NAME, OnError, RemoteReward, ReplicaRange
+from .reward import NAME, OnError, RemoteReward, ReplicaRange, ScalingSpec
 
 EnvironmentKind = Literal["python", "remote"]
 CLASS_REF = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+# Environment calls (an episode's start or a step) in service at once per replica that the elastic policy aims
+# for: a sync environment's calls run on the replica's threads (asyncio's default pool: cores + 4).
+CALLS_PER_REPLICA = 4.0
+
+
+class EnvironmentScalingSpec(ScalingSpec):
+    """Targets of the elastic environment policy, counted in environment calls."""
+
+    target_backlog_per_replica: float = Field(
+        CALLS_PER_REPLICA,
+        description="Environment calls in service at once per replica the policy aims for: the load is the call "
+        "rate × the call latency, or the calls waiting and in service × the latency ÷ intervalSeconds.",
+        gt=0,
+    )
 
 
 class EnvironmentSpec(Placement):
@@ -37,7 +51,35 @@ class EnvironmentSpec(Placement):
     remote: RemoteReward | None = Field(
         None, description="EnvironmentService endpoints (kind remote): host:port, TLS, token, breaker."
     )
-    replicas: ReplicaRange = Field(default_factory=ReplicaRange, description="Environment replicas (kind python).")
+    args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of the class (kind python): each episode's instance is `Class(**args)`.",
+    )
+    replicas: ReplicaRange = Field(
+        default_factory=ReplicaRange,
+        description=(
+            "Elastic bounds of the environment pool (kind python): one Ray actor per replica, on a cluster one pod "
+            "of the job's `environment` worker group each."
+        ),
+    )
+    scaling: EnvironmentScalingSpec = Field(
+        default_factory=EnvironmentScalingSpec,
+        description=(
+            "Elastic scaling targets, as spec.reward.scaling, counted in environment calls (an episode's start or "
+            f"a step): targetBacklogPerReplica is the calls in service at once per replica (default "
+            f"{CALLS_PER_REPLICA:g}); episodes waiting for a replica's slot count as calls waiting."
+        ),
+    )
+    gpus_per_replica: int = Field(0, description="GPUs per environment replica (a simulator's).", ge=0, le=64)
+    start_timeout_seconds: float = Field(
+        600.0,
+        description=(
+            "Longest start of a replica the elastic policy adds (on a cluster: its pod scheduled, its image "
+            "pulled, its server up); past it the replica is given up, the next round asks again, and the run "
+            "goes on with the replicas it has."
+        ),
+        gt=0,
+    )
     max_turns: int = Field(
         8, description="Most model turns of an episode; an episode at it ends, truncated.", ge=1, le=1024
     )

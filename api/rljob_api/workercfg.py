@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
@@ -99,8 +99,10 @@ class EnvironmentWorkerConfig(Model):
     """What an environment replica needs (kind python)."""
 
     class_ref: str
+    args: dict[str, Any] = {}
     max_episodes: int
     step_timeout_seconds: float
+    gpus: int = 0
 
 
 class TrainerWorkerConfig(Model):
@@ -217,8 +219,10 @@ def _environment_config(spec: RLJobSpec) -> EnvironmentWorkerConfig | None:
         return None
     return EnvironmentWorkerConfig(
         class_ref=environment.class_ref,
+        args=environment.args,
         max_episodes=environment.max_episodes_per_replica,
         step_timeout_seconds=environment.step_timeout_seconds,
+        gpus=environment.gpus_per_replica,
     )
 
 

@@ -74,18 +74,20 @@ def judged_job(namespace: str, image: str, name: str, steps: int, replicas: tupl
 @dataclass
 class Sample:
     at: float  # seconds since the watch started
-    running: tuple[str, ...]  # reward pods Running and not being deleted
-    desired: int | None  # status.pools.reward.desired
+    running: tuple[str, ...]  # the pool's pods Running and not being deleted
+    desired: int | None  # status.pools.<pool>.desired
     step: int
 
 
 @dataclass
 class PoolWatch:
-    """Samples a job's reward pods and status once a second, in a thread, until stopped."""
+    """Samples a job's pods of one pool (reward, environment) and its status once a second, in a thread, until
+    stopped."""
 
     cluster: Cluster
     namespace: str
     job: str
+    pool: str = "reward"
     samples: list[Sample] = field(default_factory=list)
     pods_seen: set[str] = field(default_factory=set)
     starts: dict[str, dict[str, str]] = field(default_factory=dict)  # pod -> milestone -> RFC 3339 time
@@ -103,18 +105,18 @@ class PoolWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(1.0):
-            pods = self.cluster.objects("pods", self.namespace, f"rljob.io/job={self.job},rljob.io/pool=reward")
+            pods = self.cluster.objects("pods", self.namespace, f"rljob.io/job={self.job},rljob.io/pool={self.pool}")
             running = [p["metadata"]["name"] for p in pods if _running(p)]
             self.pods_seen.update(p["metadata"]["name"] for p in pods)
             for pod in pods:
                 self.starts.setdefault(pod["metadata"]["name"], {}).update(_milestones(pod))
             status = (self.cluster.get("rlj", self.job, self.namespace) or {}).get("status") or {}
-            desired = ((status.get("pools") or {}).get("reward") or {}).get("desired")
+            desired = ((status.get("pools") or {}).get(self.pool) or {}).get("desired")
             step = int(status.get("step") or 0)
             self.samples.append(Sample(time.monotonic() - self._started, tuple(running), desired, step))
 
     def pod_seconds(self) -> float:
-        """Running reward pods integrated over the watch (each sample stands for the second before it)."""
+        """Running pods of the pool integrated over the watch (each sample stands for the second before it)."""
         out, last = 0.0, 0.0
         for s in self.samples:
             out += len(s.running) * (s.at - last)
@@ -138,12 +140,13 @@ class PoolWatch:
         lines, seen = [], None
         for s in self.samples:
             if (len(s.running), s.desired) != seen:
-                lines.append(f"t={s.at:5.1f}s step {s.step:3d}: {len(s.running)} reward pods up, wanted {s.desired}")
+                up = f"{len(s.running)} {self.pool} pods up"
+                lines.append(f"t={s.at:5.1f}s step {s.step:3d}: {up}, wanted {s.desired}")
                 seen = (len(s.running), s.desired)
         return lines
 
     def start_lines(self) -> list[str]:
-        """Each reward pod's start, from its creation: 'pod: created <time>, wait-gcs-ready done +9s, ray-worker
+        """Each pod's start, from its creation: 'pod: created <time>, wait-gcs-ready done +9s, ray-worker
         started +10s'."""
         lines = []
         for pod, marks in sorted(self.starts.items(), key=lambda item: item[1]["created"]):
@@ -170,10 +173,10 @@ def _seconds(stamp: str) -> float:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
 
 
-def scaling_lines(driver_log: str) -> list[str]:
+def scaling_lines(driver_log: str, pool: str = "reward") -> list[str]:
     """The driver's decisions with their reasons ('reward pool 1 -> 3: scale up ...') and its 'reward replica
     reward-1 serving at ..., 8.4s after the decision' lines."""
-    return re.findall(r"reward (?:pool \d+ -> \d+: |replica \S+ serving at ).*$", driver_log, re.MULTILINE)
+    return re.findall(rf"{pool} (?:pool \d+ -> \d+: |replica \S+ serving at ).*$", driver_log, re.MULTILINE)
 
 
 def _running(pod: dict[str, Any]) -> bool:
@@ -188,9 +191,9 @@ def scored_by_replica(driver_log: str) -> dict[str, int]:
     return {name: int(count) for name, count in (part.rsplit(" ", 1) for part in found[-1].split(", "))}
 
 
-def drained_pods(driver_log: str) -> list[str]:
-    """Pods of the reward replicas the driver drained and stopped (its 'drained after scoring' lines)."""
-    return re.findall(r"reward replica \S+ drained after scoring \d+ samples; (\S+) stopped", driver_log)
+def drained_pods(driver_log: str, pool: str = "reward") -> list[str]:
+    """Pods of the pool's replicas the driver drained and stopped (its 'drained after scoring' lines)."""
+    return re.findall(rf"{pool} replica \S+ drained after \w+ \d+ \w+; (\S+) stopped", driver_log)
 
 
 @dataclass(frozen=True)
@@ -202,9 +205,10 @@ class PoolRun:
     scored: dict[str, int]
 
 
-def elastic_table(elastic: PoolRun, fixed: PoolRun) -> str:
-    """The elastic run against the fixed pool: reward pod-seconds, s/step, apply-to-Succeeded, and the ratios."""
-    rows = [f"{'reward pool':<16}{'pod-seconds':>12}{'s/step':>9}{'wall s':>9}  samples scored by replica"]
+def elastic_table(elastic: PoolRun, fixed: PoolRun, pool: str = "reward", wall_target: float = 0.05) -> str:
+    """The elastic run against the fixed pool: the pool's pod-seconds, s/step, apply-to-Succeeded, and the
+    ratios."""
+    rows = [f"{pool + ' pool':<16}{'pod-seconds':>12}{'s/step':>9}{'wall s':>9}  samples scored by replica"]
     for run in (elastic, fixed):
         scored = json.dumps(run.scored)
         rows.append(
@@ -214,7 +218,7 @@ def elastic_table(elastic: PoolRun, fixed: PoolRun) -> str:
     slower = elastic.wall_seconds / fixed.wall_seconds - 1
     step_ratio = elastic.seconds_per_step / fixed.seconds_per_step - 1
     rows.append(
-        f"elastic: {saved:.0%} fewer reward pod-seconds, {slower:+.1%} wall time, {step_ratio:+.1%} s/step "
-        "(target: >= 30% fewer for <= 5% more wall time)"
+        f"elastic: {saved:.0%} fewer {pool} pod-seconds, {slower:+.1%} wall time, {step_ratio:+.1%} s/step "
+        f"(target: >= 30% fewer for <= {wall_target:.0%} more wall time)"
     )
     return "\n".join(rows)

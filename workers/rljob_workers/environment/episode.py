@@ -60,6 +60,16 @@ def load_class(ref: str) -> type:
     return cls
 
 
+def check_args(cls: type, ref: str, args: Mapping[str, Any]) -> None:
+    """spec.environment.args fit the class's constructor (else one line naming the field and the class)."""
+    try:
+        inspect.signature(cls).bind(**args)
+    except TypeError as exc:
+        raise EnvironmentConfigError(f"spec.environment.args do not fit {ref!r}: {exc}") from None
+    except ValueError:  # a constructor without a signature (a builtin's): let the first episode say
+        pass
+
+
 def _tool(entry: Mapping[str, Any]) -> pb.Tool:
     function = entry.get("function", entry)  # OpenAI's {"type": "function", "function": {...}} or the inner part
     return pb.Tool(
@@ -158,11 +168,12 @@ class Episode:
     """One episode of an environment class: its instance, driven by the server's stream."""
 
     cls: type
+    args: Mapping[str, Any] = field(default_factory=dict)  # spec.environment.args
     turns: int = 0
     instance: Any = field(default=None, init=False)
 
     async def reset(self, start: pb.EpisodeStart) -> pb.EpisodeResponse:
-        self.instance = await asyncio.to_thread(self.cls)
+        self.instance = await asyncio.to_thread(self.cls, **self.args)
         task = dict(start.task.items()) if start.task else {}
         reset = self.instance.reset
         result = await (_call(reset, task, seed=start.seed) if _takes(reset, "seed") else _call(reset, task))

@@ -7,7 +7,8 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import grpc
 
@@ -16,7 +17,13 @@ from rljob.v1 import environment_service_pb2_grpc as pb_grpc
 from rljob_api.workercfg import EnvironmentWorkerConfig
 from rljob_workers.common.grpc_server import RunningServer, Service, UndecodableRequest, start_server
 from rljob_workers.environment.episode import Episode as EpisodeState
-from rljob_workers.environment.episode import InvalidAction, MalformedAnswer, describe, load_class
+from rljob_workers.environment.episode import (
+    InvalidAction,
+    MalformedAnswer,
+    check_args,
+    describe,
+    load_class,
+)
 
 log = logging.getLogger(__name__)
 
@@ -31,8 +38,18 @@ def error_response(kind: int, message: str) -> pb.EpisodeResponse:
 class EnvironmentServicer(pb_grpc.EnvironmentServiceServicer):
     """Plays each Episode stream with a fresh instance of the class; at most `max_episodes` at once."""
 
-    def __init__(self, cls: type, ref: str, *, max_episodes: int = 64, step_timeout_seconds: float = 30.0) -> None:
+    def __init__(
+        self,
+        cls: type,
+        ref: str,
+        *,
+        args: Mapping[str, Any] | None = None,
+        max_episodes: int = 64,
+        step_timeout_seconds: float = 30.0,
+    ) -> None:
         self.cls, self.ref, self.info = cls, ref, describe(cls, ref)
+        self.args = dict(args or {})
+        check_args(cls, ref, self.args)
         self.info.max_episodes = max_episodes
         self.max_episodes, self.step_timeout = max_episodes, step_timeout_seconds
         self.in_flight = 0
@@ -49,7 +66,7 @@ class EnvironmentServicer(pb_grpc.EnvironmentServiceServicer):
         if self.in_flight >= self.max_episodes:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.max_episodes} episodes in flight")
         self.in_flight += 1
-        episode = EpisodeState(self.cls)  # the class's instance for this stream
+        episode = EpisodeState(self.cls, self.args)  # the class's instance for this stream
         try:
             async for request in request_iterator:
                 response = await self._answer(episode, request)
@@ -91,13 +108,14 @@ async def start_environment_server(
     host: str = "127.0.0.1",
     port: int = 0,
     token: str | None = None,
+    args: Mapping[str, Any] | None = None,
     max_episodes: int = 64,
     step_timeout_seconds: float = 30.0,
 ) -> tuple[RunningServer, EnvironmentServicer]:
     """Serve the class at `ref` (module.path:Class); port 0 picks a free one. With a `token` every call must
     carry it (the job's own replicas)."""
     servicer = EnvironmentServicer(
-        load_class(ref), ref, max_episodes=max_episodes, step_timeout_seconds=step_timeout_seconds
+        load_class(ref), ref, args=args, max_episodes=max_episodes, step_timeout_seconds=step_timeout_seconds
     )
     service = Service(pb_grpc.add_EnvironmentServiceServicer_to_server, servicer, SERVICE_NAME)
     return await start_server([service], host, port, token=token), servicer
@@ -111,6 +129,7 @@ async def serve_environment_replica(
         config.class_ref,
         host=host,
         token=token,
+        args=config.args,
         max_episodes=config.max_episodes,
         step_timeout_seconds=config.step_timeout_seconds,
     )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import re
+import time
 from typing import Any
 
 from rljob_workers.tasks.arithmetic import strip_completion
@@ -50,11 +51,20 @@ class Calculator:
     stop = [")"]  # a tool call's end ends the model's turn
     max_turns = 4
 
+    def __init__(self, step_latency_seconds: float = 0.0) -> None:
+        # spec.environment.args: a tool that takes time (a sandbox's start, a search), so that the environment
+        # pool's elastic scaling shows; the sleep holds one of the replica's threads, as real work would.
+        self.step_latency_seconds = float(step_latency_seconds)
+
     def reset(self, task: dict[str, Any]) -> str:
+        # A row's own `step_seconds` (listed in spec.data.fields) wins: a stretch of slow rows, then fast ones.
+        self.step_latency_seconds = float(task.get("step_seconds", self.step_latency_seconds))
         self.answer = str(task["answer"]).strip()
         return ""  # the prompt alone starts the episode
 
     def step(self, action: str) -> tuple[Any, float, bool, dict[str, Any]]:
+        if self.step_latency_seconds:
+            time.sleep(self.step_latency_seconds)
         call = CALL.match(action)
         if call and self.tools:
             total = int(call.group(1)) + int(call.group(2))

@@ -141,10 +141,8 @@ class EpisodeRunner:
     async def _environment_replica(self) -> None:
         """Waits while no environment replica is live: the job's own are being replaced by their supervisor
         (which fails the run past maxRestarts), and a lost replica is not the episode's error."""
-        while not self.play.environments.live():
-            if self.halted():
-                raise EpisodeFatal("the run ended while an episode waited for an environment replica")
-            await asyncio.sleep(0.05)
+        if not await self.play.environments.wait_live(self.halted):
+            raise EpisodeFatal("the run ended while an episode waited for an environment replica")
 
     def take_stats(self) -> dict[str, float]:
         """The environment's step latencies and errors since the last call, for the step's report."""

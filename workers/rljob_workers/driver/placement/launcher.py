@@ -178,6 +178,10 @@ class RayTrainer:
         return str(paths[0])
 
 
+class ReplicaStartTimeout(RunFailed):
+    """A replica added to a running pool did not start in time; the message names the replica and the field."""
+
+
 @dataclass
 class ActorPool:
     """Replicas of one gRPC pool (rollout or reward) by name, with their addresses."""
@@ -193,6 +197,9 @@ class ActorPool:
     actors: dict[str, Any] = field(default_factory=dict)
     addresses: dict[str, str] = field(default_factory=dict)
     bundles: dict[str, int] = field(default_factory=dict)  # colocated: each replica's GPU bundle
+    # Past it a replica that has not started (no node for it yet, its pod's image not pulled) is given up:
+    # ReplicaStartTimeout. None: wait (the first replicas of a run, whose start the set-up checks bound).
+    start_timeout: float | None = None
     _next: int = 0
 
     async def add(self) -> tuple[str, str]:
@@ -205,7 +212,13 @@ class ActorPool:
             bundle, gpus, self.bundles[name] = (self.group, free[0]), ROLLOUT_GPU_SHARE, free[0]
         options = _options(self.pool, self.cpus, gpus, self.env, self.interpreter, bundle)
         actor = self.actor_class.options(**options).remote(self.config_json, self.cpus, index)
-        address = await actor.start.remote()
+        try:
+            address = await asyncio.wait_for(actor.start.remote(), self.start_timeout)
+        except TimeoutError:
+            ray.kill(actor)
+            self.bundles.pop(name, None)
+            field_name = f"spec.{self.pool}.startTimeoutSeconds"
+            raise ReplicaStartTimeout(f"{name} did not start within {field_name} {self.start_timeout:g}") from None
         self.actors[name], self.addresses[name] = actor, address
         return name, address
 
@@ -243,8 +256,10 @@ def rollout_pool(configs: WorkerConfigs, cpus: float) -> ActorPool:
 
 
 def environment_pool(configs: WorkerConfigs, cpus: float) -> ActorPool:
-    config = configs.environment.model_dump_json() if configs.environment is not None else "{}"
-    return ActorPool("environment", EnvironmentActor, config, cpus, 0)
+    config, gpus = "{}", 0
+    if configs.environment is not None:
+        config, gpus = configs.environment.model_dump_json(), configs.environment.gpus
+    return ActorPool("environment", EnvironmentActor, config, cpus, gpus)
 
 
 def reward_pool(configs: WorkerConfigs, cpus: float) -> ActorPool:

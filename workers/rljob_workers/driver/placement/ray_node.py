@@ -37,7 +37,8 @@ RAYLET_WAIT_SECONDS = 30.0
 
 
 def environment_replicas(configs: WorkerConfigs) -> int:
-    """The environment actors a local run starts (kind python): at least one."""
+    """The environment actors a run starts (kind python): at least one; the elastic policy sizes the pool
+    within spec.environment.replicas from then on."""
     environment = configs.controller.environment
     return max(environment.replicas.min, 1) if environment is not None else 0
 
@@ -53,8 +54,9 @@ def init_local_ray(configs: WorkerConfigs, pool_cpus: Mapping[Pool, float], env:
         "reward": configs.controller.reward_replicas.max,
         "trainer": configs.trainer.world_size,
     }
-    if configs.environment is not None:  # a spare for a replacement replica
-        counts["environment"] = environment_replicas(configs) + 1
+    environment = configs.controller.environment
+    if configs.environment is not None and environment is not None:  # a spare for a replacement replica
+        counts["environment"] = max(environment.replicas.max, environment_replicas(configs)) + 1
     # Every actor fits even on a small machine: cores are shared, Ray only books them.
     cpus = sum(counts[pool] * pool_cpus[pool] for pool in counts) + 1
     # One spare rollout slot for a replacement replica.

@@ -1,7 +1,8 @@
-"""Apply the elastic reward policy: observe the router, decide with `scaling.decide`, add replicas or
-drain and stop them. No in-flight score is lost: a replica leaves the router (its samples finish)
-before its actor stops. Locally the launcher's actor pool is changed directly; on a cluster the
-same decision is what the operator reads from the ControlService to size the reward group."""
+"""Apply the elastic policy to a pool (reward, environment): observe its clients, decide with
+`scaling_policy.decide`, add replicas or drain and stop them. No work in flight is lost: a replica leaves
+the clients (its samples, its episodes finish) before its actor stops. Locally the launcher's actor pool is
+changed directly; on a cluster the same decision is what the operator reads from the ControlService to size
+the pool's worker group."""
 
 from __future__ import annotations
 
@@ -9,20 +10,18 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from rljob_api.reward import ReplicaRange, ScalingSpec
-from rljob_workers.driver.pools.reward.router import RewardRouter
-from rljob_workers.driver.pools.reward.stream import RouterStats
 from rljob_workers.driver.pools.scaling_policy import ScalingDecision, ScalingObservation, ScalingState, decide
 
 log = logging.getLogger(__name__)
 
 
 class ReplicaPool(Protocol):
-    """Starts and stops reward replicas (Ray actors locally)."""
+    """Starts and stops a pool's replicas (Ray actors)."""
 
     actors: dict[str, object]
 
@@ -30,29 +29,64 @@ class ReplicaPool(Protocol):
     async def stop(self, name: str) -> str: ...
 
 
+class ReplicaLoad(Protocol):
+    """One replica as its pool's clients see it."""
+
+    @property
+    def outstanding(self) -> int: ...  # work on it now (samples being scored, environment calls)
+    @property
+    def scored(self) -> int: ...  # work it has done (samples scored, episodes played)
+    @property
+    def draining(self) -> bool: ...
+
+
+class PoolLoad(Protocol):
+    """What the clients of a pool see of it: the reward router's stats, the environment clients'."""
+
+    @property
+    def replicas(self) -> Mapping[str, ReplicaLoad]: ...
+    @property
+    def waiting(self) -> int: ...  # work waiting for a replica
+    @property
+    def service_seconds(self) -> float: ...  # summed over the work answered so far
+    @property
+    def answered(self) -> int: ...
+
+
+class Served(Protocol):
+    """The clients of a pool: the reward router, the environment clients."""
+
+    def stats(self) -> PoolLoad: ...
+    async def add_replica(self, name: str, address: str) -> None: ...
+    async def remove_replica(self, name: str, timeout: float) -> int: ...  # drained: the work it did
+
+
 @dataclass
-class ElasticRewardPool:
-    router: RewardRouter
+class ElasticPool:
+    clients: Served
     pool: ReplicaPool
     bounds: ReplicaRange
     scaling: ScalingSpec
-    arrivals: Callable[[], int]  # samples sent to reward so far
+    arrivals: Callable[[], int]  # work sent to the pool so far (samples, environment calls)
     drain_timeout: float = 60.0
+    name: str = "reward"
+    done: str = "scoring {} samples"  # the work a drained replica did, for its log line
     state: ScalingState = field(default_factory=ScalingState)
     desired: int = 0
     drained: deque[str] = field(default_factory=lambda: deque(maxlen=32))
-    retired: dict[str, int] = field(default_factory=dict)  # drained replica -> samples it scored
+    retired: dict[str, int] = field(default_factory=dict)  # drained replica -> the work it did
+    failed_starts: int = 0  # replicas the policy added that did not start
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # held while the pool changes (supervision too)
-    _last: tuple[float, int] | None = None  # (when, samples sent to reward by then)
-    _answered: tuple[float, int] = (0.0, 0)  # (service seconds, samples answered) at the last look
+    _last: tuple[float, int] | None = None  # (when, work sent to the pool by then)
+    _answered: tuple[float, int] = (0.0, 0)  # (service seconds, work answered) at the last look
     _latency: float | None = None
 
     def backlog(self) -> int:
-        """Samples waiting for a replica or being scored."""
-        return _backlog(self.router.stats())
+        """Work waiting for a replica or in service."""
+        return _backlog(self.clients.stats())
 
     def observe(self, now: float) -> ScalingObservation:
-        stats = self.router.stats()
+        stats = self.clients.stats()
         backlog = _backlog(stats)
         arrived = self.arrivals()
         rate = 0.0
@@ -78,20 +112,30 @@ class ElasticRewardPool:
         self.state, self.desired = decision.state, decision.replicas
         current = len(self.pool.actors)
         if decision.replicas > current:
-            log.info("reward pool %d -> %d: %s", current, decision.replicas, decision.reason)
-            started = await asyncio.gather(*(self._add() for _ in range(decision.replicas - current)))
+            log.info("%s pool %d -> %d: %s", self.name, current, decision.replicas, decision.reason)
+            added = await asyncio.gather(
+                *(self._add() for _ in range(decision.replicas - current)), return_exceptions=True
+            )
+            started = [a for a in added if not isinstance(a, BaseException)]
+            for failed in (a for a in added if isinstance(a, BaseException)):
+                if not isinstance(failed, Exception):
+                    raise failed  # a cancellation: the run is ending
+                # the next round asks again; on a cluster the status says why the pod is not up
+                self.failed_starts += 1
+                log.warning("%s replica not added: %s", self.name, failed)
             for name, address, seconds in started:
-                await self.router.add_replica(name, address)
+                await self.clients.add_replica(name, address)
                 # On a cluster this is a pod's start (scheduled, created, Ray joined) and the replica's own.
-                log.info("reward replica %s serving at %s, %.1fs after the decision", name, address, seconds)
+                log.info("%s replica %s serving at %s, %.1fs after the decision", self.name, name, address, seconds)
         elif decision.replicas < current:
-            log.info("reward pool %d -> %d: %s", current, decision.replicas, decision.reason)
+            log.info("%s pool %d -> %d: %s", self.name, current, decision.replicas, decision.reason)
             for name in self._victims(current - decision.replicas):
-                scored = await self.router.remove_replica(name, self.drain_timeout)  # in-flight samples finish
+                done = await self.clients.remove_replica(name, self.drain_timeout)  # work in flight finishes
                 pod = await self.pool.stop(name)
                 self.drained.append(pod)
-                self.retired[name] = scored
-                log.info("reward replica %s drained after scoring %d samples; %s stopped", name, scored, pod)
+                self.retired[name] = done
+                done_text = self.done.format(done)
+                log.info("%s replica %s drained after %s; %s stopped", self.name, name, done_text, pod)
         return decision
 
     async def _add(self) -> tuple[str, str, float]:
@@ -102,7 +146,7 @@ class ElasticRewardPool:
 
     def _victims(self, count: int) -> list[str]:
         """The least-loaded replicas, newest first among equals."""
-        stats = self.router.stats().replicas
+        stats = self.clients.stats().replicas
         names = sorted(self.pool.actors, key=lambda n: (stats[n].outstanding if n in stats else 0, -_index(n)))
         return names[:count]
 
@@ -112,14 +156,14 @@ class ElasticRewardPool:
             await self.step()
 
     def scored_by_replica(self) -> dict[str, int]:
-        """Samples each replica of the run scored, the drained ones included."""
-        return {**self.retired, **{name: r.scored for name, r in self.router.stats().replicas.items()}}
+        """The work each replica of the run did (samples scored, episodes played), the drained ones included."""
+        return {**self.retired, **{name: r.scored for name, r in self.clients.stats().replicas.items()}}
 
     def ready(self) -> int:
-        return sum(1 for r in self.router.stats().replicas.values() if not r.draining)
+        return sum(1 for r in self.clients.stats().replicas.values() if not r.draining)
 
 
-def _backlog(stats: RouterStats) -> int:
+def _backlog(stats: PoolLoad) -> int:
     return stats.waiting + sum(r.outstanding for r in stats.replicas.values())
 
 

@@ -75,6 +75,28 @@ class EnvironmentReplica:
     episodes: int = 0
     alive: bool = True
     supervised: bool = True  # one of the job's environment actors (False: a kind remote endpoint)
+    draining: bool = False  # leaving the pool: no new episodes, those on it finish
+    calls: int = 0  # environment calls (a start, a step) in flight on it
+    played: int = 0  # episodes that ended on it
+
+    @property
+    def outstanding(self) -> int:
+        return self.calls
+
+    @property
+    def scored(self) -> int:
+        return self.played
+
+
+@dataclass(frozen=True)
+class EnvironmentLoad:
+    """The environment pool as the elastic policy sees it (elastic.PoolLoad), in environment calls: episodes
+    waiting for a replica count as calls waiting (each starts with one)."""
+
+    replicas: dict[str, EnvironmentReplica]
+    waiting: int
+    service_seconds: float
+    answered: int
 
 
 @dataclass
@@ -84,11 +106,20 @@ class EpisodeStream:
     replica: EnvironmentReplica
     call: Any
     timeout: float
-    latencies: list[float]
-    on_close: Callable[[], None] = lambda: None
+    clients: EnvironmentClients
 
     async def ask(self, request: pb.EpisodeRequest) -> pb.EpisodeResponse:
         started = time.monotonic()
+        self.replica.calls += 1
+        self.clients.calls_started += 1
+        try:
+            response = await self._ask(request)
+        finally:
+            self.replica.calls -= 1
+        self.clients.answered(time.monotonic() - started)
+        return response
+
+    async def _ask(self, request: pb.EpisodeRequest) -> pb.EpisodeResponse:
         try:
             await asyncio.wait_for(self.call.write(request), self.timeout)
             response = await asyncio.wait_for(self.call.read(), self.timeout)
@@ -112,13 +143,13 @@ class EpisodeStream:
             raise EnvironmentLost(f"environment replica {self.replica.name}: {exc.details()}", "failure") from None
         if response is grpc.aio.EOF:  # type: ignore[attr-defined]  # grpc's stubs lack it
             raise EnvironmentLost(f"environment replica {self.replica.name} ended the episode's stream", "failure")
-        self.latencies.append(time.monotonic() - started)
         return response  # type: ignore[no-any-return]
 
     def close(self) -> None:
         self.call.cancel()
         self.replica.episodes -= 1
-        self.on_close()
+        self.replica.played += 1
+        self.clients.free_slot()
 
 
 @dataclass
@@ -130,8 +161,54 @@ class EnvironmentClients:
     token: str | None = None  # the job's, for its own replicas
     replicas: dict[str, EnvironmentReplica] = field(default_factory=dict)
     latencies: list[float] = field(default_factory=list)  # of every call since the last `take_latencies`
+    calls_started: int = 0  # environment calls sent so far (the elastic policy's arrivals)
+    waiting: int = 0  # episodes waiting for a replica (a live one, or a slot on one)
+    service_seconds: float = 0.0  # summed over the calls answered so far
+    calls_answered: int = 0
     _slot_freed: asyncio.Condition = field(default_factory=asyncio.Condition)
     _notifying: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def answered(self, seconds: float) -> None:
+        self.latencies.append(seconds)
+        self.service_seconds += seconds
+        self.calls_answered += 1
+
+    def stats(self) -> EnvironmentLoad:
+        replicas = {name: r for name, r in self.replicas.items() if r.supervised}
+        return EnvironmentLoad(replicas, self.waiting, self.service_seconds, self.calls_answered)
+
+    async def add_replica(self, name: str, address: str) -> None:
+        """A replica the elastic policy started (elastic.Served)."""
+        self.add(name, address)
+        self.free_slot()  # an episode waiting for one may go
+
+    async def remove_replica(self, name: str, timeout: float) -> int:
+        """Drain replica `name`: no new episodes; those on it finish (after `timeout` seconds its channel
+        closes and they restart elsewhere). Returns the episodes that ended on it."""
+        replica = self.replicas.get(name)
+        if replica is None:
+            return 0
+        replica.draining = True
+        deadline = time.monotonic() + timeout
+        while replica.episodes > 0 and replica.alive and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await self.remove(name)
+        return replica.played
+
+    async def wait_live(self, halted: Callable[[], bool]) -> bool:
+        """Wait while no replica is live (a replacement, or a pool scaled to zero, is on its way), counted
+        as waiting; False if `halted` said stop first."""
+        if self.live():
+            return True
+        self.waiting += 1
+        try:
+            while not self.live():
+                if halted():
+                    return False
+                await asyncio.sleep(0.05)
+            return True
+        finally:
+            self.waiting -= 1
 
     def add(self, name: str, address: str) -> EnvironmentReplica:
         ch = channel(address, self.token)
@@ -165,28 +242,36 @@ class EnvironmentClients:
         return [r for r in self.replicas.values() if r.alive]
 
     def pick(self) -> EnvironmentReplica | None:
-        candidates = [r for r in self.live() if r.episodes < self.max_episodes]
+        candidates = [r for r in self.live() if r.episodes < self.max_episodes and not r.draining]
         return min(candidates, key=lambda r: (r.episodes, r.name)) if candidates else None
 
     async def open_next(self) -> EpisodeStream | None:
         """An episode's stream on the least-loaded live replica, once one has room under maxEpisodesPerReplica
-        (an episode waits for a slot, it is not an error); None when no replica is live."""
-        while (replica := self.pick()) is None:
-            if not self.live():
-                return None
-            async with self._slot_freed:
-                await self._slot_freed.wait()
+        (an episode waits for a slot, it is not an error, and is counted as waiting); None when no replica
+        is live."""
+        if (replica := self.pick()) is None:
+            self.waiting += 1
+            try:
+                while (replica := self.pick()) is None:
+                    if not self.live():
+                        return None
+                    async with self._slot_freed:
+                        await self._slot_freed.wait()
+            finally:
+                self.waiting -= 1
         return self.open(replica)
 
     def open(self, replica: EnvironmentReplica) -> EpisodeStream:
         replica.episodes += 1
         call = replica.stub.Episode(metadata=replica.metadata or None)
-        return EpisodeStream(replica, call, self.step_timeout, self.latencies, self._free_slot)
+        return EpisodeStream(replica, call, self.step_timeout, self)
 
-    def _free_slot(self) -> None:
+    def free_slot(self) -> None:
+        """An episode's slot is free (or a replica came): one episode waiting for a slot looks again."""
+
         async def notify() -> None:
             async with self._slot_freed:
-                self._slot_freed.notify(1)
+                self._slot_freed.notify_all()
 
         self._notifying.add(task := asyncio.get_running_loop().create_task(notify()))
         task.add_done_callback(self._notifying.discard)

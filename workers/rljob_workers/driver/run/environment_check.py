@@ -15,7 +15,7 @@ from rljob_api.environment import EnvironmentSpec
 from rljob_workers.driver.controller.observations import ObservationEncoder
 from rljob_workers.driver.errors import SetupError
 from rljob_workers.driver.pools.environment import EnvironmentInfo
-from rljob_workers.environment.episode import EnvironmentConfigError, describe, load_class
+from rljob_workers.environment.episode import EnvironmentConfigError, check_args, describe, load_class
 from rljob_workers.reward.remote import token_path
 
 # An endpoint that has not answered its Info by then is refused: the whole check stays within seconds.
@@ -44,9 +44,15 @@ def check_environment(job: RLJob) -> EnvironmentInfo | None:
 def _python_info(spec: EnvironmentSpec) -> EnvironmentInfo:
     assert spec.class_ref is not None
     try:
-        return EnvironmentInfo.from_info(describe(load_class(spec.class_ref), spec.class_ref))
+        cls = load_class(spec.class_ref)
+        info = EnvironmentInfo.from_info(describe(cls, spec.class_ref))
     except EnvironmentConfigError as exc:
         raise SetupError(f"spec.environment.class: {exc}") from None
+    try:
+        check_args(cls, spec.class_ref, spec.args)
+    except EnvironmentConfigError as exc:
+        raise SetupError(str(exc)) from None
+    return info
 
 
 def _remote_info(spec: EnvironmentSpec) -> EnvironmentInfo:

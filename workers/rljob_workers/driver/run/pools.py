@@ -23,7 +23,7 @@ from rljob_workers.driver.placement.launcher import (
     worker_env,
 )
 from rljob_workers.driver.placement.ray_node import environment_replicas
-from rljob_workers.driver.pools.elastic import ElasticRewardPool
+from rljob_workers.driver.pools.elastic import ElasticPool
 from rljob_workers.driver.pools.environment import EnvironmentClients
 from rljob_workers.driver.pools.reward.router import RewardRouter
 from rljob_workers.driver.pools.rollout import RolloutClients
@@ -51,7 +51,8 @@ class JobPools:
         self.actor_env: dict[str, str] | None = None  # each actor's own environment (a cluster's)
         self.trainer: RayTrainer | None = None
         self.weight_sync: WeightSync | None = None
-        self.elastic: ElasticRewardPool | None = None
+        self.elastic: ElasticPool | None = None  # the reward pool's
+        self.elastic_environment: ElasticPool | None = None
         spec = configs.controller.environment
         # kind python: the job's environment actors; kind remote: the endpoints alone
         self.environment: ActorPool | None = None
@@ -128,22 +129,37 @@ class JobPools:
             await asyncio.gather(*(sync.catch_up(r, version) for r in self.clients.live()))
         return sync
 
-    def start_elastic(self, arrivals: Callable[[], int]) -> ElasticRewardPool | None:
-        """The reward pool, sized by the elastic policy from now on (`arrivals`: samples sent to reward so far);
-        None for a job without reward functions (its environment gives the reward)."""
+    def start_elastic(self, arrivals: Callable[[], int]) -> list[ElasticPool]:
+        """The reward pool (`arrivals`: samples sent to reward so far; none without reward functions: the
+        environment gives the reward) and the environment pool (kind python), sized by the elastic policy
+        from now on."""
         c = self.plan.configs.controller
-        if not c.reward_functions:
-            return None
-        self.elastic = ElasticRewardPool(
-            self.router,
-            self.reward,
-            c.reward_replicas,
-            c.reward_scaling,
-            arrivals=arrivals,
-            drain_timeout=c.reward_timeout_seconds,
-        )
-        self.elastic.desired = len(self.reward.actors)
-        return self.elastic
+        if c.reward_functions:
+            self.elastic = ElasticPool(
+                self.router,
+                self.reward,
+                c.reward_replicas,
+                c.reward_scaling,
+                arrivals=arrivals,
+                drain_timeout=c.reward_timeout_seconds,
+            )
+            self.elastic.desired = len(self.reward.actors)
+        spec, environments = c.environment, self.environments
+        if self.environment is not None and environments is not None and spec is not None:
+            self.elastic_environment = ElasticPool(
+                environments,
+                self.environment,
+                spec.replicas,
+                spec.scaling,
+                arrivals=lambda: environments.calls_started,
+                # an episode's turns each wait on the model and the environment: room for its whole length
+                drain_timeout=spec.step_timeout_seconds * (spec.max_turns + 1) + DETACH_GRACE_SECONDS,
+                name="environment",
+                done="playing {} episodes",
+            )
+            self.elastic_environment.desired = len(self.environment.actors)
+            self.environment.start_timeout = spec.start_timeout_seconds  # from now on: the run's first are up
+        return [e for e in (self.elastic, self.elastic_environment) if e is not None]
 
     def supervisors(
         self, on_restart: Callable[[Restart], None], wake: Callable[[], Awaitable[None]]
@@ -195,6 +211,7 @@ class JobPools:
                     attach=lambda name, address: _attached(environments.add(name, address)),
                     detach=lambda name, cause: environments.remove(name),
                     on_restart=on_restart,
+                    lock=self.elastic_environment.lock if self.elastic_environment is not None else asyncio.Lock(),
                     hung_after=hung_after,
                 )
             )
@@ -217,6 +234,9 @@ class JobPools:
     def _environment_size(self) -> dict[str, tuple[int, int, list[str]]]:
         if self.environments is None:
             return {}
+        elastic = self.elastic_environment
+        if elastic is not None:
+            return {"environment": (elastic.desired, elastic.ready(), list(elastic.drained))}
         desired = len(self.environment.actors) if self.environment is not None else len(self.environments.replicas)
         return {"environment": (desired, len(self.environments.live()), [])}
 

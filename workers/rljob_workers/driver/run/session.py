@@ -29,6 +29,7 @@ from rljob_workers.driver.controller.status import ControlServicer, RunView, fin
 from rljob_workers.driver.errors import first_line
 from rljob_workers.driver.placement.launcher import worker_env
 from rljob_workers.driver.placement.ray_node import init_local_ray, init_ray, shutdown_ray
+from rljob_workers.driver.pools.elastic import ElasticPool
 from rljob_workers.driver.run import summary
 from rljob_workers.driver.run.plan import RunPlan
 from rljob_workers.driver.run.pools import JobPools
@@ -76,6 +77,7 @@ class RunSession:
             trackers=trackers,
         )
         self.supervisors: list[PoolSupervisor] = []
+        self.elastic: list[ElasticPool] = []  # the pools the elastic policy sizes
         self.trainer_watch = TrainerWatch([])
         self.reports: list[StepReport] = []
         self.control: RunningServer | None = None
@@ -154,7 +156,7 @@ class RunSession:
             *(time.monotonic() - started, host, self.control.port, host, port, trainer.weight_address),
         )
         view.phase = control_pb.RUN_PHASE_RUNNING
-        self.pools.start_elastic(arrivals=lambda: controller.counts.generated)
+        self.elastic = self.pools.start_elastic(arrivals=lambda: controller.counts.generated)
         self.trainer_watch = TrainerWatch(trainer.actors)
         self.supervisors = self.pools.supervisors(self._replaced, controller.wake)
         rc = await self._drive(controller, view)
@@ -213,11 +215,10 @@ class RunSession:
     async def _drive(self, controller: Controller, view: RunView) -> int:
         """Run the controller to its end beside the display tick, elastic scaling and supervision; the exit
         code."""
-        elastic = self.pools.elastic  # None without reward functions: no reward pool to scale
         with self.telemetry.progress, self.telemetry.running():  # leaving it, the sample logs are written
             background = [
-                asyncio.create_task(self.telemetry.tick(view.snapshot, self._reward_sizes)),
-                *([asyncio.create_task(elastic.run())] if elastic is not None else []),
+                asyncio.create_task(self.telemetry.tick(view.snapshot, self._elastic_sizes)),
+                *(asyncio.create_task(elastic.run()) for elastic in self.elastic),
                 asyncio.create_task(supervise(self.supervisors, self.trainer_watch, controller.fail)),
             ]
             try:
@@ -234,9 +235,8 @@ class RunSession:
                 for task in background:
                     task.cancel()
 
-    def _reward_sizes(self) -> tuple[int, int, int] | None:
-        elastic = self.pools.elastic
-        return None if elastic is None else (elastic.backlog(), elastic.desired, elastic.ready())
+    def _elastic_sizes(self) -> dict[str, tuple[int, int, int]]:
+        return {elastic.name: (elastic.backlog(), elastic.desired, elastic.ready()) for elastic in self.elastic}
 
     def _busy_seconds(self) -> dict[str, float]:
         trainer = self.controller.trainer_busy.seconds() if self.controller is not None else 0.0

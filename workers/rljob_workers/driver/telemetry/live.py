@@ -57,15 +57,16 @@ class RunTelemetry:
             self.progress.update(status, step_done=True)
 
     async def tick(
-        self, snapshot: Callable[[], control_pb.JobStatus], reward: Callable[[], tuple[int, int, int] | None]
+        self,
+        snapshot: Callable[[], control_pb.JobStatus],
+        elastic: Callable[[], dict[str, tuple[int, int, int]]],
     ) -> None:
-        """Refresh the idle fractions, the reward pool's gauges (`reward`: its backlog, desired and ready
-        replicas, None before it is elastic) and the live table, until cancelled."""
+        """Refresh the idle fractions, the elastic pools' gauges (`elastic`: each one's backlog, desired and
+        ready replicas) and the live table, until cancelled."""
         while True:
             self.idle.tick(time.monotonic())
             self.metrics.set_idle(self.idle_fractions())
-            sizes = reward()
-            if sizes is not None:
-                self.metrics.set_reward(*sizes)
+            for pool, sizes in elastic().items():
+                self.metrics.set_elastic(pool, *sizes)
             self.progress.update(snapshot(), step_done=False)
             await asyncio.sleep(TICK_SECONDS)

@@ -123,6 +123,14 @@ class RunMetrics:
             "rljob_reward_replicas", "Reward replicas the elastic policy wants (desired) and that take samples (ready)",
             "state",
         )  # fmt: skip
+        self.environment_backlog = gauge(
+            "rljob_environment_backlog", "Environment calls in service, and episodes waiting for an environment replica"
+        )
+        self.environment_replicas = gauge(
+            "rljob_environment_replicas",
+            "Environment replicas the elastic policy wants (desired) and that take episodes (ready)",
+            "state",
+        )
         self.idle = gauge("rljob_pool_idle_fraction", "Fraction of the last minute a pool was idle", "pool")
         self.truncated = gauge("rljob_truncated_fraction", "Share of the last step's samples cut at maxNewTokens")
         self.mismatch = gauge(
@@ -163,10 +171,16 @@ class RunMetrics:
         for pool, fraction in fractions.items():
             self.idle.labels(**self.labels, pool=pool).set(fraction)
 
-    def set_reward(self, backlog: int, desired: int, ready: int) -> None:
-        self.reward_backlog.labels(**self.labels).set(backlog)
-        self.reward_replicas.labels(**self.labels, state="desired").set(desired)
-        self.reward_replicas.labels(**self.labels, state="ready").set(ready)
+    def set_elastic(self, pool: str, backlog: int, desired: int, ready: int) -> None:
+        """An elastic pool's (reward, environment) backlog and replicas."""
+        backlogs, replicas = (
+            (self.reward_backlog, self.reward_replicas)
+            if pool == "reward"
+            else (self.environment_backlog, self.environment_replicas)
+        )
+        backlogs.labels(**self.labels).set(backlog)
+        replicas.labels(**self.labels, state="desired").set(desired)
+        replicas.labels(**self.labels, state="ready").set(ready)
 
     def update_eval(self, report: EvalReport) -> None:
         self.eval.update(self.labels, report)
