@@ -150,22 +150,6 @@ def test_tools_the_model_cannot_see_are_refused_and_a_game_without_tools_is_not(
     assert done.returncode == 0, done.stderr[-2000:]
 
 
-def test_the_operator_refuses_a_python_environment_and_takes_a_remote_one() -> None:
-    """Until the operator runs an environment pool of its own, a cluster job reaches its environment over gRPC:
-    the operator's parse (what its InvalidSpec event and Failed status say) refuses kind python by its field."""
-    from rljob_api import RLJobInvalid
-    from rljob_operator.context import invalid_message, parse_job
-
-    doc = yaml.safe_load((REPO / "examples" / "calculator.yaml").read_text())
-    doc["metadata"] = {"name": "calculator", "namespace": "default"}
-    with pytest.raises(RLJobInvalid) as info:
-        parse_job(doc)
-    assert invalid_message(info.value).startswith("spec.environment.kind: kind python runs under `rljob run` only")
-    doc["spec"]["environment"] = {"kind": "remote", "remote": {"endpoints": ["calculator.envs:50055"]}}
-    environment = parse_job(doc).spec.environment
-    assert environment is not None and environment.kind == "remote"
-
-
 def _scrape_until_exit(run: subprocess.Popen[str], port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """The run's /metrics, scraped every 0.2 s while it runs (its last answer); {} if it never answered."""
     from prometheus_client.parser import text_string_to_metric_families

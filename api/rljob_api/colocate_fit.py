@@ -24,21 +24,11 @@ for _power, _prefix in enumerate("kmgt", start=1):
     _UNITS.update({f"{_prefix}i": 1024**_power, f"{_prefix}ib": 1024**_power})
 
 
-# Until the operator runs an environment pool of its own, a cluster job reaches its environment over gRPC.
-PYTHON_ENVIRONMENT_ON_A_CLUSTER = (
-    "kind python runs under `rljob run` only for now; on a cluster serve the class "
-    '(`rljob_workers.environment.serve_environment("module:Class")`) and name it with kind remote'
-)
-
-
 def refuse_on_a_cluster(job: RLJob, source: str) -> None:
     """The operator's refusal of what cannot run on a cluster yet (RLJobInvalid naming the field): a
-    colocated job, a `kind: python` environment."""
+    colocated job."""
     if job.spec.colocate:
         raise RLJobInvalid([FieldError("spec.colocate", COLOCATE_ON_A_CLUSTER)], source)
-    environment = job.spec.environment
-    if environment is not None and environment.kind == "python":
-        raise RLJobInvalid([FieldError("spec.environment.kind", PYTHON_ENVIRONMENT_ON_A_CLUSTER)], source)
 
 
 def parse_bytes(text: str) -> int:

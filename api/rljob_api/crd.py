@@ -20,6 +20,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Eval-Reward", "type": "number", "jsonPath": ".status.eval.rewardMean", "priority": 1},
     {"name": "Staleness", "type": "number", "jsonPath": ".status.staleness.mean", "priority": 1},
     {"name": "Reward-Replicas", "type": "integer", "jsonPath": ".status.pools.reward.ready"},
+    {"name": "Env-Replicas", "type": "integer", "jsonPath": ".status.pools.environment.ready", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

@@ -48,6 +48,9 @@ class PoolsStatus(Model):
     rollout: PoolReplicas = Field(default_factory=PoolReplicas, description="Rollout pool.")
     trainer: PoolReplicas = Field(default_factory=PoolReplicas, description="Trainer pool.")
     reward: PoolReplicas = Field(default_factory=PoolReplicas, description="Reward pool.")
+    environment: PoolReplicas = Field(
+        default_factory=PoolReplicas, description="Environment pool (spec.environment kind python)."
+    )
 
 
 class RewardStats(Model):
@@ -81,6 +84,7 @@ class Restarts(Model):
 
     rollout: int = Field(0, description="Rollout replicas replaced.")
     reward: int = Field(0, description="Reward replicas replaced.")
+    environment: int = Field(0, description="Environment replicas replaced (their episodes restarted elsewhere).")
     trainer: int = Field(0, description="Trainer groups restarted from a checkpoint.")
     driver: int = Field(0, description="Driver pods that failed and were started again by their Job.")
     run_id: str = Field("", description="The driver process whose replacements `seen` counts.")

@@ -22,8 +22,9 @@ from .spec import CheckpointSpec, DataSpec, RLJob, RLJobSpec, WeightSyncSpec
 from .tracking import LoggingSpec
 
 Pool = Literal["rollout", "trainer", "reward", "environment"]
-# The pools a cluster renders a worker group of (the environment pool runs locally, or behind remote endpoints).
-POOLS: tuple[Pool, ...] = ("rollout", "trainer", "reward")
+POOLS: tuple[Pool, ...] = ("rollout", "trainer", "reward", "environment")
+# The pools the elastic policy sizes (the controller decides, the operator applies on a cluster).
+ELASTIC_POOLS: tuple[Pool, ...] = ("reward", "environment")
 # The file the driver writes its last JobStatus to (JSON) as it exits: in a driver pod, the container's
 # termination message, which the operator reads once the ControlService is gone.
 TERMINATION_LOG_ENV = "RLJOB_TERMINATION_LOG"
@@ -53,6 +54,23 @@ def ray_system_config_env() -> dict[str, str]:
     """RAY_SYSTEM_CONFIG as the environment variables each of Ray's processes reads it from (RAY_<name>):
     how a Ray pod, started by KubeRay's `ray start`, gets it."""
     return {f"RAY_{name}": str(value) for name, value in RAY_SYSTEM_CONFIG.items()}
+
+
+def scores_with_functions(spec: RLJobSpec) -> bool:
+    """Whether the reward pool scores samples: a function that is not judgeOnly (else the environment's
+    return alone is the reward, and the job has no reward pool)."""
+    return any(not function.judge_only for function in spec.reward.functions)
+
+
+def cluster_pools(spec: RLJobSpec) -> tuple[Pool, ...]:
+    """The pools a cluster renders a worker group of: rollout and trainer; reward when functions score
+    samples; environment for a `kind: python` environment (a remote one is an endpoint outside the job)."""
+    pools: list[Pool] = ["rollout", "trainer"]
+    if scores_with_functions(spec):
+        pools.append("reward")
+    if spec.environment is not None and spec.environment.kind == "python":
+        pools.append("environment")
+    return tuple(pools)
 
 
 def pool_resource(pool: Pool) -> str:
@@ -208,7 +226,7 @@ def _controller_config(job: RLJob, algorithm: Algorithm) -> ControllerConfig:
             "environment": spec.environment.max_restarts if spec.environment else 0,
         },
         hung_after_seconds=spec.supervision.hung_after_seconds,
-        reward_functions=any(not function.judge_only for function in spec.reward.functions),
+        reward_functions=scores_with_functions(spec),
         environment=spec.environment,
     )
 

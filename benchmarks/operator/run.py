@@ -87,7 +87,7 @@ def rljob(name: str, namespace: str) -> dict[str, Any]:
 def baseline(jobs: int, options: Any) -> dict[str, Any]:
     """The same RayClusters, created directly: the control plane's own cost under the same load."""
     from rljob_api import parse_rljob
-    from rljob_operator.options import RewardGroup
+    from rljob_operator.options import ElasticGroups
     from rljob_operator.raycluster import render_ray_cluster
 
     ns = "baseline"
@@ -100,7 +100,7 @@ def baseline(jobs: int, options: Any) -> dict[str, Any]:
     applied: dict[str, float] = {}
     for i in range(jobs):
         name = f"base-{i:03d}"
-        doc = render_ray_cluster(parse_rljob(rljob(name, ns)), options, RewardGroup())
+        doc = render_ray_cluster(parse_rljob(rljob(name, ns)), options, ElasticGroups())
         doc["metadata"]["labels"] = {"rljob.io/job": name}
         custom.create_namespaced_custom_object("ray.io", "v1", ns, "rayclusters", doc)
         applied[name] = time.monotonic()

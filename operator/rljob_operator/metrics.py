@@ -15,7 +15,7 @@ from rljob_api import PHASES, RLJobStatus
 from rljob_api.workercfg import POOLS
 
 Key = tuple[str, str]  # (namespace, name)
-RESTARTED = ("rollout", "reward", "trainer", "driver")  # the counts of RLJobStatus.restarts
+RESTARTED = ("rollout", "reward", "environment", "trainer", "driver")  # the counts of RLJobStatus.restarts
 
 
 class OperatorMetrics:

@@ -12,6 +12,7 @@ from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api.workercfg import POOLS, Pool
 
 from .names import LABEL_COMPONENT, LABEL_POOL
+from .options import ElasticGroup, ElasticGroups
 
 
 @dataclass(frozen=True)
@@ -58,11 +59,10 @@ class DriverInfo:
 
 @dataclass(frozen=True)
 class Observed:
-    """The children as they are: the RayCluster (and its reward group's size), pool pods, the driver."""
+    """The children as they are: the RayCluster (and its elastic groups' sizes), pool pods, the driver."""
 
     ray_cluster: bool = False
-    reward_replicas: int | None = None
-    reward_workers_to_delete: tuple[str, ...] = ()
+    groups: ElasticGroups = field(default_factory=ElasticGroups)
     pods: Mapping[Pool, tuple[PodInfo, ...]] = field(default_factory=dict)
     head: PodInfo | None = None
     driver: DriverInfo | None = None
@@ -166,14 +166,19 @@ def driver_info(job: Mapping[str, Any] | None, pods: Iterable[PodInfo]) -> Drive
     )
 
 
-def reward_group(ray_cluster: Mapping[str, Any] | None) -> tuple[int | None, tuple[str, ...]]:
-    """The reward worker group's replicas and workersToDelete as the RayCluster holds them."""
+def elastic_group(ray_cluster: Mapping[str, Any] | None, pool: Pool) -> ElasticGroup:
+    """An elastic worker group's replicas and workersToDelete as the RayCluster holds them."""
     for group in ((ray_cluster or {}).get("spec") or {}).get("workerGroupSpecs") or ():
-        if group.get("groupName") == "reward":
+        if group.get("groupName") == pool:
             to_delete = (group.get("scaleStrategy") or {}).get("workersToDelete") or ()
             replicas = group.get("replicas")
-            return (int(replicas) if replicas is not None else None), tuple(str(n) for n in to_delete)
-    return None, ()
+            return ElasticGroup(int(replicas) if replicas is not None else None, tuple(str(n) for n in to_delete))
+    return ElasticGroup()
+
+
+def elastic_groups(ray_cluster: Mapping[str, Any] | None) -> ElasticGroups:
+    """The reward and environment groups as the RayCluster holds them."""
+    return ElasticGroups(elastic_group(ray_cluster, "reward"), elastic_group(ray_cluster, "environment"))
 
 
 def observe(
@@ -195,11 +200,9 @@ def observe(
             driver_pods.append(info)
         elif labels.get(LABEL_COMPONENT) == "head":
             heads.append(info)
-    replicas, to_delete = reward_group(ray_cluster)
     return Observed(
         ray_cluster=ray_cluster is not None,
-        reward_replicas=replicas,
-        reward_workers_to_delete=to_delete,
+        groups=elastic_groups(ray_cluster),
         pods={p: tuple(sorted(v, key=lambda i: i.name)) for p, v in by_pool.items()},
         head=max(heads, key=lambda p: (p.serving, p.created, p.name), default=None),
         driver=driver_info(driver_job, driver_pods),

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from rljob_api import API_VERSION, KIND
+from rljob_api.workercfg import Pool
 
 # The Ray version of the worker image (pinned in constraints.txt); KubeRay reads it for feature gates.
 DEFAULT_RAY_VERSION = "2.60.0"
@@ -53,8 +54,23 @@ class Owner:
 
 
 @dataclass(frozen=True)
-class RewardGroup:
-    """The reward worker group's size as the scaling policy last set it (None: the spec's min)."""
+class ElasticGroup:
+    """An elastic worker group's size as the scaling policy last set it (None: the spec's min), and the
+    drained pods KubeRay is to delete."""
 
     replicas: int | None = None
     workers_to_delete: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ElasticGroups:
+    """The reward and environment groups as last decided (see group_sizing.py)."""
+
+    reward: ElasticGroup = field(default_factory=ElasticGroup)
+    environment: ElasticGroup = field(default_factory=ElasticGroup)
+
+    def of(self, pool: Pool) -> ElasticGroup:
+        return self.environment if pool == "environment" else self.reward
+
+    def with_group(self, pool: Pool, group: ElasticGroup) -> ElasticGroups:
+        return replace(self, **{pool: group})

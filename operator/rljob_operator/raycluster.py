@@ -1,4 +1,4 @@
-"""The KubeRay RayCluster of an RLJob: a CPU head and one worker group per pool."""
+"""The KubeRay RayCluster of an RLJob: a CPU head and one worker group per pool it runs."""
 
 from __future__ import annotations
 
@@ -8,10 +8,18 @@ from typing import Any
 
 from rljob_api import RLJob
 from rljob_api.placement import Placement, default_shm_size
-from rljob_api.workercfg import POOLS, TOKEN_FILE_ENV, Pool, pool_resource, ray_system_config_env
+from rljob_api.workercfg import (
+    ELASTIC_POOLS,
+    TOKEN_FILE_ENV,
+    Pool,
+    cluster_pools,
+    pool_resource,
+    ray_system_config_env,
+)
 
+from .group_sizing import clamp_replicas, elastic_bounds
 from .names import JOB_TOKEN_FILE, component_labels, pool_labels, ray_cluster_name
-from .options import RenderOptions, RewardGroup
+from .options import ElasticGroups, RenderOptions
 from .pods import (
     TMP_VOLUME,
     WRITABLE_ENV,
@@ -46,50 +54,46 @@ class PoolShape:
     cpus_per_actor: float
 
 
-def clamp_reward_replicas(job: RLJob, replicas: int | None) -> int:
-    """The reward group's size: the scaling policy's (the spec's min when there is none yet), within min..max."""
-    bounds = job.spec.reward.replicas
-    wanted = bounds.min if replicas is None else replicas
-    return max(bounds.min, min(bounds.max, wanted))
+def _elastic_shape(job: RLJob, pool: Pool, placement: Placement, gpus: int, groups: ElasticGroups) -> PoolShape:
+    bounds = elastic_bounds(job, pool)
+    replicas = clamp_replicas(job, pool, groups.of(pool).replicas)
+    return PoolShape(pool, placement, replicas, bounds.min, bounds.max, 1, gpus, placement.cpus)
 
 
-def pool_shapes(job: RLJob, reward: RewardGroup) -> list[PoolShape]:
+def pool_shapes(job: RLJob, groups: ElasticGroups) -> list[PoolShape]:
+    """The job's worker groups (workercfg.cluster_pools), the elastic ones at their decided sizes."""
     spec = job.spec
     trainer_ranks = max(spec.trainer.gpus_per_node, 1)  # one rank per GPU, or one per node on CPU
-    reward_replicas = clamp_reward_replicas(job, reward.replicas)
-    shapes = {
-        "rollout": PoolShape(
+    rollout, trainer = spec.rollout, spec.trainer
+    shapes = [
+        PoolShape(
             "rollout",
-            spec.rollout,
-            spec.rollout.replicas,
-            spec.rollout.replicas,
-            spec.rollout.replicas,
+            rollout,
+            rollout.replicas,
+            rollout.replicas,
+            rollout.replicas,
             1,
-            spec.rollout.gpus_per_replica,
-            spec.rollout.cpus,
+            rollout.gpus_per_replica,
+            rollout.cpus,
         ),
-        "trainer": PoolShape(
+        PoolShape(
             "trainer",
-            spec.trainer,
-            spec.trainer.nodes,
-            spec.trainer.nodes,
-            spec.trainer.nodes,
+            trainer,
+            trainer.nodes,
+            trainer.nodes,
+            trainer.nodes,
             trainer_ranks,
-            spec.trainer.gpus_per_node,
-            spec.trainer.cpus,
+            trainer.gpus_per_node,
+            trainer.cpus,
         ),
-        "reward": PoolShape(
-            "reward",
-            spec.reward,
-            reward_replicas,
-            spec.reward.replicas.min,
-            spec.reward.replicas.max,
-            1,
-            spec.reward.gpus_per_replica,
-            spec.reward.cpus,
-        ),
-    }
-    return [shapes[p] for p in POOLS]
+    ]
+    pools = cluster_pools(spec)
+    if "reward" in pools:
+        shapes.append(_elastic_shape(job, "reward", spec.reward, spec.reward.gpus_per_replica, groups))
+    if "environment" in pools and spec.environment is not None:
+        environment = spec.environment
+        shapes.append(_elastic_shape(job, "environment", environment, environment.gpus_per_replica, groups))
+    return shapes
 
 
 def _env(job: RLJob, pool: str) -> list[dict[str, Any]]:
@@ -124,7 +128,7 @@ def shm_size(job: RLJob, shape: PoolShape) -> str:
     return shape.placement.shm_size or default_shm_size(shape.gpus, engine)
 
 
-def worker_group(job: RLJob, shape: PoolShape, reward: RewardGroup) -> dict[str, Any]:
+def worker_group(job: RLJob, shape: PoolShape, groups: ElasticGroups) -> dict[str, Any]:
     """One worker group: the pool's placement, GPUs, CPUs, /dev/shm, and the Ray resource its actors require."""
     cpus = shape.cpus_per_actor * shape.actors_per_pod
     resources = pool_resources(shape.placement, cpus=cpus, gpus=shape.gpus)
@@ -160,9 +164,9 @@ def worker_group(job: RLJob, shape: PoolShape, reward: RewardGroup) -> dict[str,
         },
         "template": template,
     }
-    if shape.pool == "reward":
+    if shape.pool in ELASTIC_POOLS:
         # Scale-down removes exactly the replicas the controller drained (see group_sizing.py).
-        group["scaleStrategy"] = {"workersToDelete": list(reward.workers_to_delete)}
+        group["scaleStrategy"] = {"workersToDelete": list(groups.of(shape.pool).workers_to_delete)}
     return group
 
 
@@ -200,7 +204,7 @@ def head_group(job: RLJob, options: RenderOptions) -> dict[str, Any]:
     }
 
 
-def render_ray_cluster(job: RLJob, options: RenderOptions, reward: RewardGroup) -> dict[str, Any]:
+def render_ray_cluster(job: RLJob, options: RenderOptions, groups: ElasticGroups) -> dict[str, Any]:
     """The RayCluster (metadata without owner; `render` adds it)."""
     return {
         "apiVersion": RAY_API_VERSION,
@@ -212,8 +216,8 @@ def render_ray_cluster(job: RLJob, options: RenderOptions, reward: RewardGroup) 
         },
         "spec": {
             "rayVersion": options.ray_version,
-            "enableInTreeAutoscaling": False,  # the operator sizes the reward group, not Ray's autoscaler
+            "enableInTreeAutoscaling": False,  # the operator sizes the elastic groups, not Ray's autoscaler
             "headGroupSpec": head_group(job, options),
-            "workerGroupSpecs": [worker_group(job, shape, reward) for shape in pool_shapes(job, reward)],
+            "workerGroupSpecs": [worker_group(job, shape, groups) for shape in pool_shapes(job, groups)],
         },
     }

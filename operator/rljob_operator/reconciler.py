@@ -125,8 +125,7 @@ async def refresh(
         current = ctx.desired.get(key) or read_back(observed)
         desired = ctx.desired[key] = next_desired(job, current, observed, snapshot if fresh else None)
         await write_children(ctx, job, configs, body, desired, pools_only=True)
-        reward = desired.reward
-        observed = replace(observed, reward_replicas=reward.replicas, reward_workers_to_delete=reward.workers_to_delete)
+        observed = replace(observed, groups=desired.groups)
         previous = ctx.last.get(key) or stored_status(body)
         status = compute_status(
             job,

@@ -40,7 +40,7 @@ from .names import (
     service_account_name,
     token_secret_name,
 )
-from .options import Owner, RenderOptions, RewardGroup
+from .options import ElasticGroups, Owner, RenderOptions
 from .pods import WRITABLE_ENV, container, pod_template, volume_mounts, volumes
 from .raycluster import render_ray_cluster
 
@@ -247,12 +247,12 @@ def finish(doc: dict[str, Any], job: RLJob, owner: Owner | None) -> dict[str, An
 
 
 def render_pools(
-    job: RLJob, options: RenderOptions, reward: RewardGroup, finished: bool, owner: Owner | None
+    job: RLJob, options: RenderOptions, groups: ElasticGroups, finished: bool, owner: Owner | None
 ) -> list[dict[str, Any]]:
     """The pools the job should have now: its RayCluster, or none (suspended, or the run finished)."""
     if job.spec.suspend or finished:
         return []
-    return [finish(render_ray_cluster(job, options, reward), job, owner)]
+    return [finish(render_ray_cluster(job, options, groups), job, owner)]
 
 
 def render(
@@ -261,12 +261,12 @@ def render(
     options: RenderOptions,
     *,
     owner: Owner | None = None,
-    reward: RewardGroup | None = None,
+    groups: ElasticGroups | None = None,
     finished: bool = False,
 ) -> list[dict[str, Any]]:
     """Every child the job should have now; `configs` are the job's worker configs, derived once by the caller.
 
-    `reward` is the reward group's current size and the drained replicas to delete (see group_sizing.py);
+    `groups` are the elastic groups' current sizes and the drained replicas to delete (see group_sizing.py);
     `finished` (the driver Job completed or failed) releases the pools but keeps the driver Job.
     """
     docs = [
@@ -275,7 +275,7 @@ def render(
     ]
     if options.network_policy:
         docs.insert(0, finish(render_network_policy(job, configs.ports, options), job, owner))
-    docs += render_pools(job, options, reward or RewardGroup(), finished, owner)
+    docs += render_pools(job, options, groups or ElasticGroups(), finished, owner)
     if not job.spec.suspend:
         docs.append(finish(render_driver(job, configs.ports, options), job, owner))
     return docs

@@ -15,7 +15,12 @@ from rljob_api import Restarts
 
 from .observe import DriverInfo
 
-REASONS = {"rollout": "ReplicaReplaced", "reward": "ReplicaReplaced", "trainer": "TrainerRestarted"}
+REASONS = {
+    "rollout": "ReplicaReplaced",
+    "reward": "ReplicaReplaced",
+    "environment": "ReplicaReplaced",
+    "trainer": "TrainerRestarted",
+}
 
 
 def _new_entries(before: Restarts, snapshot: control_pb.JobStatus | None) -> Sequence[control_pb.Restart]:

@@ -8,17 +8,18 @@ from datetime import datetime, timezone
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import Condition, PoolReplicas, PoolsStatus, RLJob, RLJobStatus
 from rljob_api.status import EvalStats, Phase, RewardStats, StalenessStats
-from rljob_api.workercfg import POOLS, Pool
+from rljob_api.workercfg import POOLS, Pool, cluster_pools
 
 from .claims import ClaimProblem, volumes_condition
+from .group_sizing import clamp_replicas
 from .observe import Observed
-from .raycluster import clamp_reward_replicas
 from .restarts import count_restarts
 
 CONDITION_TYPES = (
     "RolloutReady",
     "TrainerReady",
     "RewardReady",
+    "EnvironmentReady",
     "VolumesReady",
     "Progressing",
     "Degraded",
@@ -26,7 +27,12 @@ CONDITION_TYPES = (
     "Succeeded",
     "Failed",
 )
-READY_TYPE: dict[Pool, str] = {"rollout": "RolloutReady", "trainer": "TrainerReady", "reward": "RewardReady"}
+READY_TYPE: dict[Pool, str] = {
+    "rollout": "RolloutReady",
+    "trainer": "TrainerReady",
+    "reward": "RewardReady",
+    "environment": "EnvironmentReady",
+}
 TERMINAL: tuple[Phase, ...] = ("Succeeded", "Failed")
 GPU_SHORTAGE = "Insufficient nvidia.com/gpu"
 
@@ -36,14 +42,15 @@ def rfc3339(now: datetime) -> str:
 
 
 def desired_replicas(job: RLJob, observed: Observed, pool: Pool, *, live: bool) -> int:
-    """Pods a pool should have: none while suspended or finished; the reward group as last scaled."""
-    if not live:
+    """Pods a pool should have: none while suspended or finished, or for a pool the job does not run; an
+    elastic group as last scaled."""
+    if not live or pool not in cluster_pools(job.spec):
         return 0
     if pool == "rollout":
         return job.spec.rollout.replicas
     if pool == "trainer":
         return job.spec.trainer.nodes
-    return clamp_reward_replicas(job, observed.reward_replicas)
+    return clamp_replicas(job, pool, observed.groups.of(pool).replicas)
 
 
 def _pools(job: RLJob, observed: Observed, *, live: bool) -> PoolsStatus:
@@ -82,7 +89,11 @@ def _phase(job: RLJob, observed: Observed, pools: PoolsStatus, snapshot: control
     return "Running" if observed.ray_cluster and pools_ready and driving else "Provisioning"
 
 
-def _pool_condition(pool: Pool, counts: PoolReplicas, observed: Observed, phase: Phase) -> tuple[str, str, str]:
+def _pool_condition(
+    job: RLJob, pool: Pool, counts: PoolReplicas, observed: Observed, phase: Phase
+) -> tuple[str, str, str]:
+    if pool not in cluster_pools(job.spec):
+        return "True", "NotUsed", f"the job runs no {pool} pool"
     if phase == "Suspended":
         return "False", "Suspended", "the job is suspended; its pools are torn down"
     if phase in TERMINAL:
@@ -141,13 +152,16 @@ def _degraded(job: RLJob, observed: Observed, phase: Phase, message: str, waitin
         return "False", "AsExpected", ""
     pulls = observed.image_pulls()
     if pulls:
-        return "True", "ImagePullFailed", f"{len(pulls)} pod(s) cannot pull their image; {pulls[0]}"
+        pools = [p for p in POOLS if observed.image_pulls(p)]
+        where = f" of pool {', '.join(pools)}" if pools else ""
+        return "True", "ImagePullFailed", f"{len(pulls)} pod(s){where} cannot pull their image; {pulls[0]}"
     short = [p for p in POOLS if any(GPU_SHORTAGE in m for m in _unschedulable(observed, p))]
     if short:
         gpus = {
             "rollout": job.spec.rollout.gpus_per_replica,
             "trainer": job.spec.trainer.gpus_per_node,
             "reward": job.spec.reward.gpus_per_replica,
+            "environment": job.spec.environment.gpus_per_replica if job.spec.environment else 0,
         }
         detail = ", ".join(f"{p} ({gpus[p]} nvidia.com/gpu per pod)" for p in short)
         return "True", "InsufficientGPUs", f"pods of pool {detail} are unschedulable: not enough free GPUs"
@@ -199,14 +213,19 @@ def _waiting_for_reward(snapshot: control_pb.JobStatus | None) -> str:
 
 
 def _message(
-    phase: Phase, observed: Observed, snapshot: control_pb.JobStatus | None, pools: PoolsStatus, waiting: str
+    job: RLJob,
+    phase: Phase,
+    observed: Observed,
+    snapshot: control_pb.JobStatus | None,
+    pools: PoolsStatus,
+    waiting: str,
 ) -> str:
     if phase == "Failed":
         driver = observed.driver
         if snapshot is not None and snapshot.message:
             return snapshot.message
         return (driver.message if driver else "") or "the driver failed"
-    sizes = ", ".join(f"{p} {getattr(pools, p).ready}/{getattr(pools, p).desired}" for p in POOLS)
+    sizes = ", ".join(f"{p} {getattr(pools, p).ready}/{getattr(pools, p).desired}" for p in cluster_pools(job.spec))
     pulls = observed.image_pulls() if phase not in TERMINAL else []
     return (
         f"{phase}: {sizes}"
@@ -246,8 +265,8 @@ def compute_status(
     pools = _pools(job, observed, live=live)
     phase = _phase(job, observed, pools, snapshot)
     waiting = _waiting_for_reward(snapshot)
-    message = _message(phase, observed, snapshot, pools, waiting)
-    wanted = {READY_TYPE[p]: _pool_condition(p, getattr(pools, p), observed, phase) for p in POOLS}
+    message = _message(job, phase, observed, snapshot, pools, waiting)
+    wanted = {READY_TYPE[p]: _pool_condition(job, p, getattr(pools, p), observed, phase) for p in POOLS}
     wanted["VolumesReady"] = volumes_condition(job, claim_problems)
     wanted["Progressing"] = _progressing(phase, snapshot, job)
     degraded = _degraded(job, observed, phase, message, waiting)

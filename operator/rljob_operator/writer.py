@@ -1,5 +1,5 @@
 """The one writer of an RLJob's children: it renders them from the spec and the job's `Desired` state
-(desired.py: the reward group's size, whether the run has ended), applies them (server-side apply,
+(desired.py: the elastic groups' sizes, whether the run has ended), applies them (server-side apply,
 idempotent) and deletes what must not exist (suspend: the pools and the driver; a finished run: the
 pools). It also makes the job's token Secret once, and reads the token back for the controller's client.
 """
@@ -13,13 +13,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from rljob_api import RLJob
-from rljob_api.workercfg import WorkerConfigs
+from rljob_api.workercfg import ELASTIC_POOLS, WorkerConfigs
 
 from .context import Context, key_of, owner_of
 from .desired import Desired
 from .events import post
 from .names import JOB_TOKEN_KEY, driver_name, ray_cluster_name, service_account_name, token_secret_name
-from .observe import reward_group
+from .observe import elastic_group
 from .options import Owner
 from .ownership import NameTaken, delete_if_owned, describe_taken, owned_by, remove_legacy_rbac, taken_names
 from .render import POOL_KINDS, absent_kinds, finish, render, render_pools, render_token_secret
@@ -48,10 +48,10 @@ async def write_children(
         return
     owner = owner_of(body)
     if pools_only:
-        docs = render_pools(job, ctx.config.render, desired.reward, desired.finished, owner)
+        docs = render_pools(job, ctx.config.render, desired.groups, desired.finished, owner)
         waves: tuple[tuple[str, ...], ...] = (POOL_KINDS,)
     else:
-        docs = render(job, configs, ctx.config.render, owner=owner, reward=desired.reward, finished=desired.finished)
+        docs = render(job, configs, ctx.config.render, owner=owner, groups=desired.groups, finished=desired.finished)
         # The pools first (they need nothing else to be scheduled: their pods use no account of ours), then
         # what others need (the driver's ServiceAccount and ConfigMap; the Role, which a RoleBinding is
         # checked against), then the rest at once.
@@ -107,17 +107,22 @@ async def job_token(ctx: Context, job: RLJob, owner: Owner) -> str | None:
 async def _apply(
     ctx: Context, body: Mapping[str, Any], doc: dict[str, Any], written: dict[str, dict[str, Any] | None], urgent: bool
 ) -> None:
-    """Apply one child; for the pools, keep what was written and announce a changed reward group."""
+    """Apply one child; for the pools, keep what was written and announce a changed elastic group
+    (RewardScaled, EnvironmentScaled)."""
     await ctx.kube.apply(doc, urgent=urgent)
     kind = doc["kind"]
     if kind not in POOL_KINDS:
         return
     before, written[kind] = written.get(kind), doc
-    if before is None or reward_group(before) == reward_group(doc):
+    if before is None:
         return
-    (was, _), (now, to_delete) = reward_group(before), reward_group(doc)
-    removed = f", removing drained {', '.join(to_delete)}" if to_delete else ""
-    await post(ctx, body, "Normal", "RewardScaled", f"reward replicas {was} -> {now}{removed}")
+    for pool in ELASTIC_POOLS:
+        was, now = elastic_group(before, pool), elastic_group(doc, pool)
+        if was == now:
+            continue
+        removed = f", removing drained {', '.join(now.workers_to_delete)}" if now.workers_to_delete else ""
+        reason = f"{pool.capitalize()}Scaled"
+        await post(ctx, body, "Normal", reason, f"{pool} replicas {was.replicas} -> {now.replicas}{removed}")
 
 
 async def _remove_legacy_rbac(ctx: Context, job: RLJob, body: Mapping[str, Any], owner: Owner) -> None:

@@ -17,7 +17,7 @@ import yaml
 
 from rljob_api import CheckpointVolumeSource, RLJob, derive_worker_configs, load_rljob, parse_rljob
 from rljob_operator.dump import dump_all
-from rljob_operator.options import Owner, RenderOptions, RewardGroup
+from rljob_operator.options import ElasticGroup, ElasticGroups, Owner, RenderOptions
 from rljob_operator.render import DRIVER_COMMAND, absent_kinds, driver_command, render, run_output_dir
 from rljob_workers.driver.cli import build_parser
 
@@ -63,7 +63,7 @@ def gpu_job(**spec_changes: Any) -> RLJob:
     return parse_rljob(doc)
 
 
-@pytest.mark.parametrize("example", ["arithmetic", "arithmetic-cluster", "gpu-cluster"])
+@pytest.mark.parametrize("example", ["arithmetic", "arithmetic-cluster", "gpu-cluster", "calculator-cluster"])
 def test_golden(example: str) -> None:
     text = dump_all(rendered(load_rljob(REPO / "examples" / f"{example}.yaml")))
     golden = GOLDEN / f"{example}.yaml"
@@ -192,12 +192,12 @@ def test_replicas_and_pool_resources() -> None:
 
 @pytest.mark.parametrize(("wanted", "expected"), [(None, 2), (0, 2), (1, 2), (5, 5), (16, 16), (40, 16)])
 def test_reward_replicas_clamped_to_min_max(wanted: int | None, expected: int) -> None:
-    g = groups(rendered(gpu_job(), reward=RewardGroup(replicas=wanted)))
+    g = groups(rendered(gpu_job(), groups=ElasticGroups(ElasticGroup(replicas=wanted))))
     assert g["reward"]["replicas"] == expected
 
 
 def test_workers_to_delete_rendered() -> None:
-    g = groups(rendered(gpu_job(), reward=RewardGroup(replicas=3, workers_to_delete=("a", "b"))))
+    g = groups(rendered(gpu_job(), groups=ElasticGroups(ElasticGroup(replicas=3, workers_to_delete=("a", "b")))))
     assert g["reward"]["scaleStrategy"] == {"workersToDelete": ["a", "b"]}
     assert "scaleStrategy" not in g["rollout"]
 
@@ -349,3 +349,23 @@ def test_driver_writes_metrics_beside_the_checkpoints_on_their_volume(
         )
         is None
     )
+
+
+def test_a_python_environment_is_a_worker_group_of_its_own_and_a_remote_one_is_not() -> None:
+    """kind python: an `environment` group with the spec's placement, bounds, the pool's Ray resource and
+    the drained pods to delete; no reward group when no function scores samples. kind remote: no group."""
+    doc = yaml.safe_load((REPO / "examples" / "calculator-cluster.yaml").read_text())
+    doc["spec"]["environment"].update(nodeSelector={"pool": "sandboxes"}, resources={"limits": {"memory": "3Gi"}})
+    sized = ElasticGroups(environment=ElasticGroup(3, ("calc-env-1",)))
+    g = groups(rendered(parse_rljob(doc), groups=sized))
+    assert set(g) == {"rollout", "trainer", "environment"}
+    env = g["environment"]
+    assert (env["replicas"], env["minReplicas"], env["maxReplicas"]) == (3, 1, 4)
+    assert env["scaleStrategy"] == {"workersToDelete": ["calc-env-1"]}
+    assert json.loads(env["rayStartParams"]["resources"].strip("'")) == {"rljob.io/environment": 1}
+    pod = env["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "sandboxes"}
+    assert pod["containers"][0]["resources"]["limits"]["memory"] == "3Gi"
+    assert env["template"]["metadata"]["labels"]["rljob.io/pool"] == "environment"
+    doc["spec"]["environment"] = {"kind": "remote", "remote": {"endpoints": ["calculator.envs:50055"]}}
+    assert set(groups(rendered(parse_rljob(doc)))) == {"rollout", "trainer"}

@@ -14,6 +14,7 @@ from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import RLJob, RLJobStatus, parse_rljob
 from rljob_api.workercfg import POOLS, Pool
 from rljob_operator.observe import DriverInfo, Observed, PodInfo, final_snapshot, observe, pod_info
+from rljob_operator.options import ElasticGroup, ElasticGroups
 from rljob_operator.status import compute_status
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,7 +33,7 @@ def ready(prefix: str, n: int) -> tuple[PodInfo, ...]:
 
 
 def running_pools(**overrides: tuple[PodInfo, ...]) -> dict[Pool, tuple[PodInfo, ...]]:
-    sizes = {"rollout": 4, "trainer": 2, "reward": 2}
+    sizes = {"rollout": 4, "trainer": 2, "reward": 2, "environment": 0}
     return {pool: overrides.get(pool, ready(pool[:2], sizes[pool])) for pool in POOLS}
 
 
@@ -58,6 +59,7 @@ def test_pending_before_children() -> None:
         "RolloutReady",
         "TrainerReady",
         "RewardReady",
+        "EnvironmentReady",
         "VolumesReady",
         "Progressing",
         "Degraded",
@@ -160,7 +162,7 @@ def test_pods_that_cannot_pull_their_image_degrade_the_job_naming_pod_and_image(
     assert status.phase == "Provisioning"
     degraded = cond(status, "Degraded")
     assert (degraded.status, degraded.reason) == ("True", "ImagePullFailed")
-    assert degraded.message == f"2 pod(s) cannot pull their image; pod ro-3: {cause}"
+    assert degraded.message == f"2 pod(s) of pool rollout cannot pull their image; pod ro-3: {cause}"
     ready_ = cond(status, "RolloutReady")
     assert (ready_.status, ready_.reason) == ("False", "ImagePullFailed") and IMAGE in ready_.message
     assert status.message is not None and status.message.endswith(f"; pod ro-3: {cause}")
@@ -289,7 +291,8 @@ def test_samples_waiting_for_reward_are_degraded_and_named() -> None:
 
 
 def test_reward_desired_follows_the_scaled_group() -> None:
-    observed = Observed(ray_cluster=True, head=HEAD, reward_replicas=5, pods=running_pools(reward=ready("rw", 3)))
+    groups = ElasticGroups(reward=ElasticGroup(5))
+    observed = Observed(ray_cluster=True, head=HEAD, groups=groups, pods=running_pools(reward=ready("rw", 3)))
     status = compute_status(job(), observed, None, now=T0)
     assert status.pools is not None and (status.pools.reward.desired, status.pools.reward.ready) == (5, 3)
 
@@ -319,14 +322,15 @@ def test_observe_reads_raw_objects() -> None:
     ]
     job_obj = {"status": {"failed": 1, "conditions": [{"type": "Complete", "status": "True"}]}}
     seen = observe(rc, pods, job_obj)
-    assert seen.ray_cluster and seen.reward_replicas == 3 and seen.reward_workers_to_delete == ("rw-1",)
+    assert seen.ray_cluster and seen.groups.reward == ElasticGroup(3, ("rw-1",))
+    assert seen.groups.environment == ElasticGroup()
     rollout = seen.pool_pods("rollout")
     assert [p.serving for p in rollout] == [True, False]
     assert rollout[1].unschedulable == GPU_MESSAGE
     assert seen.driver is not None and seen.driver.complete and seen.driver.failed_attempts == 1
     assert seen.driver.pod is not None and seen.driver.pod.name == "drv"
     assert seen.head is not None and seen.head.serving
-    assert observe(None, [], None) == Observed(pods={"rollout": (), "trainer": (), "reward": ()})
+    assert observe(None, [], None) == Observed(pods={"rollout": (), "trainer": (), "reward": (), "environment": ()})
 
 
 def test_succeeded_once_the_driver_pod_succeeded_before_the_job_is_marked_complete() -> None:

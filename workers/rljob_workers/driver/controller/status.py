@@ -94,7 +94,7 @@ def final_status_message(status: pb.JobStatus) -> str:
     final.CopyFrom(status)
     text = json_format.MessageToJson(final, indent=None)
     if len(text) > MAX_TERMINATION_MESSAGE:
-        for pool in (final.rollout, final.trainer, final.reward):
+        for pool in (final.rollout, final.trainer, final.reward, final.environment):
             del pool.drained[:]
         del final.restarts[: max(len(final.restarts) - 8, 0)]  # the newest ones tell the end
         final.message = final.message[:1000]
