@@ -43,14 +43,17 @@ class PoolReplicas(Model):
 
 
 class PoolsStatus(Model):
-    """Replica counts of every pool."""
+    """Replica counts of the pools the job runs; a pool it does not run is absent, not 0/0."""
 
     rollout: PoolReplicas = Field(default_factory=PoolReplicas, description="Rollout pool.")
     trainer: PoolReplicas = Field(default_factory=PoolReplicas, description="Trainer pool.")
-    reward: PoolReplicas = Field(default_factory=PoolReplicas, description="Reward pool.")
-    environment: PoolReplicas = Field(
-        default_factory=PoolReplicas, description="Environment pool (spec.environment kind python)."
-    )
+    reward: PoolReplicas | None = Field(None, description="Reward pool, when functions score samples.")
+    environment: PoolReplicas | None = Field(None, description="Environment pool (spec.environment kind python).")
+
+    def of(self, pool: str) -> PoolReplicas | None:
+        """One pool's counts, None for a pool the job does not run."""
+        counts: PoolReplicas | None = getattr(self, pool)
+        return counts
 
 
 class RewardStats(Model):

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from rljob.v1 import control_service_pb2 as control_pb
-from rljob_api import PHASES, RLJobStatus
+from rljob_api import PHASES, PoolReplicas, RLJobStatus
 from rljob_api.workercfg import POOLS
 
 Key = tuple[str, str]  # (namespace, name)
@@ -83,7 +83,7 @@ class OperatorMetrics:
             self.job_phase.labels(namespace, name, phase).set(1 if phase == status.phase else 0)
         if status.pools is not None:
             for pool in POOLS:
-                counts = getattr(status.pools, pool)
+                counts = status.pools.of(pool) or PoolReplicas()
                 self.pool_replicas.labels(namespace, name, pool, "desired").set(counts.desired)
                 self.pool_replicas.labels(namespace, name, pool, "ready").set(counts.ready)
         if snapshot is not None:

@@ -59,9 +59,17 @@ def _pools(job: RLJob, observed: Observed, *, live: bool) -> PoolsStatus:
             desired=desired_replicas(job, observed, pool, live=live),
             ready=sum(1 for p in observed.pool_pods(pool) if p.serving),
         )
-        for pool in POOLS
+        for pool in cluster_pools(job.spec)
     }
     return PoolsStatus(**counts)
+
+
+def _ready(counts: PoolReplicas | None) -> bool:
+    return counts is not None and counts.ready >= counts.desired
+
+
+def _counts(counts: PoolReplicas | None) -> str:
+    return f"{counts.ready}/{counts.desired}" if counts is not None else "-"
 
 
 def _unschedulable(observed: Observed, pool: Pool) -> list[str]:
@@ -84,15 +92,15 @@ def _phase(job: RLJob, observed: Observed, pools: PoolsStatus, snapshot: control
         # (KubeRay's probes lag the Ray workers by seconds; an elastic pool grows while it trains).
         return "Running"
     head_ready = observed.head is not None and observed.head.serving
-    pools_ready = head_ready and all(getattr(pools, p).ready >= getattr(pools, p).desired for p in POOLS)
+    pools_ready = head_ready and all(_ready(pools.of(p)) for p in cluster_pools(job.spec))
     driving = driver is not None and driver.running
     return "Running" if observed.ray_cluster and pools_ready and driving else "Provisioning"
 
 
 def _pool_condition(
-    job: RLJob, pool: Pool, counts: PoolReplicas, observed: Observed, phase: Phase
+    job: RLJob, pool: Pool, counts: PoolReplicas | None, observed: Observed, phase: Phase
 ) -> tuple[str, str, str]:
-    if pool not in cluster_pools(job.spec):
+    if counts is None or pool not in cluster_pools(job.spec):
         return "True", "NotUsed", f"the job runs no {pool} pool"
     if phase == "Suspended":
         return "False", "Suspended", "the job is suspended; its pools are torn down"
@@ -225,7 +233,7 @@ def _message(
         if snapshot is not None and snapshot.message:
             return snapshot.message
         return (driver.message if driver else "") or "the driver failed"
-    sizes = ", ".join(f"{p} {getattr(pools, p).ready}/{getattr(pools, p).desired}" for p in cluster_pools(job.spec))
+    sizes = ", ".join(f"{p} {_counts(pools.of(p))}" for p in cluster_pools(job.spec))
     pulls = observed.image_pulls() if phase not in TERMINAL else []
     return (
         f"{phase}: {sizes}"
@@ -266,7 +274,7 @@ def compute_status(
     phase = _phase(job, observed, pools, snapshot)
     waiting = _waiting_for_reward(snapshot)
     message = _message(job, phase, observed, snapshot, pools, waiting)
-    wanted = {READY_TYPE[p]: _pool_condition(job, p, getattr(pools, p), observed, phase) for p in POOLS}
+    wanted = {READY_TYPE[p]: _pool_condition(job, p, pools.of(p), observed, phase) for p in POOLS}
     wanted["VolumesReady"] = volumes_condition(job, claim_problems)
     wanted["Progressing"] = _progressing(phase, snapshot, job)
     degraded = _degraded(job, observed, phase, message, waiting)

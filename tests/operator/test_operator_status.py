@@ -237,7 +237,7 @@ def test_succeeded_from_the_driver_job() -> None:
     assert status.phase == "Succeeded"
     assert status.completion_time == "2026-01-02T03:04:05Z"
     assert cond(status, "Degraded").status == "False"
-    assert status.pools is not None and status.pools.reward.desired == 0
+    assert status.pools is not None and status.pools.reward is not None and status.pools.reward.desired == 0
 
 
 def test_succeeded_from_the_controller() -> None:
@@ -294,7 +294,19 @@ def test_reward_desired_follows_the_scaled_group() -> None:
     groups = ElasticGroups(reward=ElasticGroup(5))
     observed = Observed(ray_cluster=True, head=HEAD, groups=groups, pods=running_pools(reward=ready("rw", 3)))
     status = compute_status(job(), observed, None, now=T0)
-    assert status.pools is not None and (status.pools.reward.desired, status.pools.reward.ready) == (5, 3)
+    assert status.pools is not None and status.pools.reward is not None
+    assert (status.pools.reward.desired, status.pools.reward.ready) == (5, 3)
+
+
+def test_a_pool_the_job_does_not_run_is_absent_and_does_not_hold_readiness() -> None:
+    """CI saw `pools.environment: {desired: 0, ready: 0}` on a job with no environment, which a reader (and
+    any `ready >= desired > 0` check) takes for a pool that is down."""
+    observed = Observed(ray_cluster=True, head=HEAD, pods=running_pools(), driver=DRIVER_RUNNING)
+    status = compute_status(job(), observed, snapshot(), now=T0)
+    assert status.pools is not None and status.pools.environment is None
+    assert "environment" not in status.model_dump(by_alias=True, mode="json", exclude_none=True)["pools"]
+    assert status.phase == "Running"
+    assert cond(status, "EnvironmentReady").reason == "NotUsed"
 
 
 def test_observe_reads_raw_objects() -> None:
