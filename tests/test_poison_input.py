@@ -90,3 +90,37 @@ def test_prompt_too_long_fail_fails_the_run_naming_the_line(tmp_path):
     assert done.returncode == 1, done.stderr[-3000:]
     (failure,) = [line for line in done.stdout.splitlines() if line.startswith("run failed:")]
     assert "data line 1 (prompt e0-0): prompt of 200000 tokens is longer than data.maxPromptTokens 124" in failure
+
+
+def test_a_prompt_the_engine_fails_does_not_fail_the_prompts_batched_with_it(tmp_path):
+    """CI saw a good prompt (e0-4) set aside beside the bad one: the hf engine batches samples of several calls
+    in one forward pass, and a failed batch failed every call in it. It now tries each prompt of a failed batch
+    alone, so only the bad prompt's call fails."""
+    import asyncio
+
+    from rljob_workers.engines.base import PromptInput, SamplingConfig
+    from rljob_workers.engines.hf import HFEngine
+
+    from tiny_models import char_gpt2
+
+    async def body() -> tuple[list[str], str]:
+        engine = HFEngine(str(char_gpt2(tmp_path / "model")))
+        sampling = SamplingConfig(temperature=1.0, max_new_tokens=4)
+        try:
+            good = PromptInput("good", tuple(engine.tokenize("1+1=")), n=2)
+            bad = PromptInput("bad", tuple(engine.tokenize(ENGINE_FAILS)), n=2)
+
+            async def call(prompt: PromptInput) -> list[str] | str:
+                try:
+                    return [s.prompt_id async for s in engine.generate([prompt], sampling)]
+                except Exception as exc:  # the engine's failure, as the rollout server sees it
+                    return f"failed: {type(exc).__name__}"
+
+            done, failed = await asyncio.gather(call(good), call(bad))  # submitted together: one batch
+            assert isinstance(done, list) and isinstance(failed, str)
+            return done, failed
+        finally:
+            await engine.close()
+
+    done, failed = asyncio.run(body())
+    assert done == ["good", "good"] and failed == "failed: IndexError", (done, failed)

@@ -179,6 +179,12 @@ class HFEngine:
         try:
             samples = await loop.run_in_executor(self._thread, self._generate_batch, batch)
         except Exception as error:  # a failed batch fails its callers, not the engine
+            groups = _by_prompt(batch)
+            if len(groups) > 1:  # one bad prompt must not fail the others it was batched with: each alone
+                log.warning("a batch of %d prompts failed (%s); each is generated alone", len(groups), error)
+                for group in groups:
+                    await self._run(group, loop)
+                return
             log.exception("generation of a batch of %d failed", len(batch))
             for slot in batch:
                 slot.results.put_nowait(error)
@@ -326,3 +332,11 @@ class _SampledLogprobs:
             self.steps.append(self.pending.gather(-1, new_tokens[:, last : last + 1]).squeeze(-1))
         self.pending = None
         return torch.stack(self.steps, dim=1).cpu()
+
+
+def _by_prompt(batch: list[_Slot]) -> list[list[_Slot]]:
+    """The batch's slots grouped by prompt, in order."""
+    groups: dict[str, list[_Slot]] = {}
+    for slot in batch:
+        groups.setdefault(slot.prompt.prompt_id, []).append(slot)
+    return list(groups.values())
