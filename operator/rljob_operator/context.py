@@ -86,6 +86,7 @@ class Context:
     claims: dict[Key, tuple[ClaimProblem, ...]] = field(default_factory=dict)  # the last check of its claims
     taken: dict[Key, str] = field(default_factory=dict)  # a child's name someone else holds (ownership.py)
     rbac_checked: set[Key] = field(default_factory=set)  # jobs whose legacy Role/RoleBinding were looked for
+    token_checked: set[Key] = field(default_factory=set)  # jobs whose token Secret was made or found whole
     poked: set[Key] = field(default_factory=set)  # jobs whose children changed since the last refresh
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -110,6 +111,7 @@ class Context:
         for table in (self.last, self.snapshots, self.desired, self.pools, self.tokens, self.claims, self.taken):
             table.pop(key, None)  # type: ignore[attr-defined]
         self.rbac_checked.discard(key)
+        self.token_checked.discard(key)
 
     async def forget(self, key: Key) -> None:
         self.drop(key)

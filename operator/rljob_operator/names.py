@@ -24,6 +24,9 @@ TOKEN_DIR = "/var/run/secrets/rljob"
 JOB_TOKEN_DIR = "/var/run/rljob"
 JOB_TOKEN_KEY = "token"
 JOB_TOKEN_FILE = f"{JOB_TOKEN_DIR}/{JOB_TOKEN_KEY}"
+# The same token under the key KubeRay's authOptions.secretName reads: Ray's own token (dashboard, job
+# submission, GCS, the client port) is the job's, so nothing without it drives the job's Ray cluster.
+RAY_TOKEN_KEY = "auth_token"
 
 MAX_NAME = 63
 

@@ -18,7 +18,7 @@ from rljob_api.workercfg import (
 )
 
 from .group_sizing import clamp_replicas, elastic_bounds
-from .names import JOB_TOKEN_FILE, component_labels, pool_labels, ray_cluster_name
+from .names import JOB_TOKEN_FILE, component_labels, pool_labels, ray_cluster_name, token_secret_name
 from .options import ElasticGroups, RenderOptions
 from .pods import (
     TMP_VOLUME,
@@ -217,6 +217,10 @@ def render_ray_cluster(job: RLJob, options: RenderOptions, groups: ElasticGroups
         "spec": {
             "rayVersion": options.ray_version,
             "enableInTreeAutoscaling": False,  # the operator sizes the elastic groups, not Ray's autoscaler
+            # Ray's token authentication with the job's token on every Ray process KubeRay starts (it sets
+            # RAY_AUTH_MODE and RAY_AUTH_TOKEN from the Secret): the dashboard, job submission, GCS and the
+            # client port refuse a caller without it, whatever the network lets through.
+            "authOptions": {"mode": "token", "secretName": token_secret_name(job)},
             "headGroupSpec": head_group(job, options),
             "workerGroupSpecs": [worker_group(job, shape, groups) for shape in pool_shapes(job, groups)],
         },

@@ -25,6 +25,7 @@ from .names import (
     JOB_TOKEN_FILE,
     JOB_TOKEN_KEY,
     LABEL_JOB,
+    RAY_TOKEN_KEY,
     RLJOB_FILE,
     component_labels,
     config_name,
@@ -150,7 +151,7 @@ def render_token_secret(job: RLJob, token: str) -> dict[str, Any]:
         "kind": "Secret",
         "metadata": _meta(job, token_secret_name(job), "token"),
         "type": "Opaque",
-        "stringData": {JOB_TOKEN_KEY: token},
+        "stringData": {JOB_TOKEN_KEY: token, RAY_TOKEN_KEY: token},
     }
 
 
@@ -181,6 +182,26 @@ def tracker_credentials(job: RLJob) -> dict[str, Any]:
     return {"envFrom": [{"secretRef": {"name": secret}}]} if secret else {}
 
 
+def driver_env(job: RLJob) -> list[dict[str, Any]]:
+    return [
+        {"name": "RAY_ADDRESS", "value": f"{head_service_name(job)}.{job.metadata.namespace}.svc:6379"},
+        {"name": "RLJOB_JOB", "value": job.metadata.name},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        # its last JobStatus, as the container's termination message (see observe.final_snapshot)
+        {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG},
+        {"name": TOKEN_FILE_ENV, "value": JOB_TOKEN_FILE},
+        *ray_auth_env(job),
+        *WRITABLE_ENV,
+    ]
+
+
+def ray_auth_env(job: RLJob) -> list[dict[str, Any]]:
+    """The driver's `ray start` and `ray.init` join a cluster that requires the job's token (authOptions,
+    raycluster.py): the same two variables KubeRay gives the pods it makes."""
+    secret = {"secretKeyRef": {"name": token_secret_name(job), "key": RAY_TOKEN_KEY}}
+    return [{"name": "RAY_AUTH_MODE", "value": "token"}, {"name": "RAY_AUTH_TOKEN", "valueFrom": secret}]
+
+
 def render_driver(job: RLJob, ports: Ports, options: RenderOptions) -> dict[str, Any]:
     """The driver: a Job running the controller (`rljob run --cluster --resume`); a retry resumes from
     the newest checkpoint, and its Complete/Failed condition is how the run ended."""
@@ -189,15 +210,7 @@ def render_driver(job: RLJob, ports: Ports, options: RenderOptions) -> dict[str,
         "driver",
         job.spec.security_context,
         command=["/bin/sh", "-c", driver_script(job)],
-        env=[
-            {"name": "RAY_ADDRESS", "value": f"{head_service_name(job)}.{job.metadata.namespace}.svc:6379"},
-            {"name": "RLJOB_JOB", "value": job.metadata.name},
-            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-            # its last JobStatus, as the container's termination message (see observe.final_snapshot)
-            {"name": TERMINATION_LOG_ENV, "value": TERMINATION_LOG},
-            {"name": TOKEN_FILE_ENV, "value": JOB_TOKEN_FILE},
-            *WRITABLE_ENV,
-        ],
+        env=driver_env(job),
         **tracker_credentials(job),
         terminationMessagePath=TERMINATION_LOG,
         # a driver that dies before writing it leaves the end of its log instead

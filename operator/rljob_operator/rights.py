@@ -44,8 +44,9 @@ RIGHTS: tuple[Right, ...] = (
         "secrets",
         ("create",),
         (),
-        "the job's token: made once, read back by an operator that did not make it",
-        ("get",),
+        "the job's token: made once, read back by an operator that did not make it, and given Ray's key "
+        "where an older operator made it without",
+        ("get", "patch"),
     ),
     Right("", "configmaps", ("get", "patch"), ("create",), "the job's rljob.yaml"),
     Right("", "services", ("get", "patch"), ("create",), "the control, metrics and reward Services"),

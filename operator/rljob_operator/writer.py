@@ -18,7 +18,7 @@ from rljob_api.workercfg import ELASTIC_POOLS, WorkerConfigs
 from .context import Context, key_of, owner_of
 from .desired import Desired
 from .events import post
-from .names import JOB_TOKEN_KEY, driver_name, ray_cluster_name, service_account_name, token_secret_name
+from .names import JOB_TOKEN_KEY, RAY_TOKEN_KEY, driver_name, ray_cluster_name, service_account_name, token_secret_name
 from .observe import elastic_group
 from .options import Owner
 from .ownership import NameTaken, delete_if_owned, describe_taken, owned_by, remove_legacy_rbac, taken_names
@@ -78,17 +78,25 @@ async def write_children(
 
 
 async def ensure_token(ctx: Context, job: RLJob, owner: Owner) -> None:
-    """Make the job's token Secret once (a random token); one that exists is kept, if it is this job's."""
+    """Make the job's token Secret once (a random token); one that exists is kept, if it is this job's, and
+    given Ray's key where an older operator made it without (KubeRay reads the token under that key)."""
     key = key_of(job)
-    if key in ctx.tokens:
+    if key in ctx.token_checked:
         return
     token = secrets.token_urlsafe(32)
     if await ctx.kube.create(finish(render_token_secret(job, token), job, owner)):
         ctx.tokens[key] = token
+        ctx.token_checked.add(key)
         return
     found = await ctx.kube.get("Secret", job.metadata.namespace, token_secret_name(job)) or {}
     if not owned_by(found, owner.uid):  # whoever made it knows the token: the job's pools must not trust it
         raise NameTaken(describe_taken("Secret", job.metadata.namespace, token_secret_name(job), found))
+    data = found.get("data") or {}
+    if RAY_TOKEN_KEY not in data and JOB_TOKEN_KEY in data:
+        doc = finish(render_token_secret(job, ""), job, owner)
+        doc.pop("stringData")
+        await ctx.kube.apply({**doc, "data": {RAY_TOKEN_KEY: data[JOB_TOKEN_KEY]}})
+    ctx.token_checked.add(key)
 
 
 async def job_token(ctx: Context, job: RLJob, owner: Owner) -> str | None:

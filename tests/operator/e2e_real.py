@@ -11,7 +11,6 @@ matches the worker-test image, and nothing in the product knows about it.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 import shutil
 import subprocess
@@ -286,89 +285,3 @@ def wait_gone(cluster: Cluster, namespace: str, selector: str, kinds: str, timeo
         return out.returncode == 0 and not out.stdout.strip()
 
     wait_for(f"{kinds} of {selector} deleted", gone, timeout=timeout, every=1)
-
-
-INTRUDER_NS = "rljob-e2e-intruder"
-# Run in a pod of another namespace: Stop the job and FetchWeights from its trainer, without the job's
-# token and with a wrong one; prints each call's status code as JSON.
-INTRUDER_SCRIPT = """
-import asyncio, json, sys
-import grpc
-from rljob.v1 import control_service_pb2 as c, weight_service_pb2 as w
-
-async def code(address, path, request, parse, streaming, metadata):
-    async with grpc.aio.insecure_channel(address) as ch:
-        call = (ch.unary_stream if streaming else ch.unary_unary)(
-            path, request_serializer=lambda m: m.SerializeToString(), response_deserializer=parse)
-        try:
-            if streaming:
-                async for _ in call(request, metadata=metadata, timeout=10):
-                    pass
-            else:
-                await call(request, metadata=metadata, timeout=10)
-        except grpc.aio.AioRpcError as exc:
-            return exc.code().name
-    return "OK"
-
-async def main(control, weights):
-    calls = {
-        "Stop": (control, "/rljob.v1.ControlService/Stop", c.StopRequest(), c.StopResponse.FromString, False),
-        "FetchWeights": (weights, "/rljob.v1.WeightService/FetchWeights", w.FetchWeightsRequest(),
-                         w.FetchWeightsResponse.FromString, True),
-    }
-    out = {}
-    for name, args in calls.items():
-        out[name] = [await code(*args, ()), await code(*args, (("authorization", "Bearer not-the-token"),))]
-    print(json.dumps(out))
-
-asyncio.run(main(sys.argv[1], sys.argv[2]))
-"""
-
-
-def intruder_pod(image: str, control: str, weights: str) -> dict[str, Any]:
-    """A pod in another namespace, without the job's token, calling its ControlService and WeightService."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "intruder", "namespace": INTRUDER_NS},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": NODE_SELECTOR,  # the real node, not a kwok one
-            "tolerations": TOLERATIONS,
-            "imagePullSecrets": [{"name": PULL_SECRET}],
-            "containers": [
-                {
-                    "name": "intruder",
-                    "image": image,
-                    "imagePullPolicy": "IfNotPresent",
-                    "command": [f"{ENV_MOUNT}/bin/python", "-c", INTRUDER_SCRIPT, control, weights],
-                }
-            ],
-        },
-    }
-
-
-def intrude(
-    cluster: Cluster, image: str, pull_secret: dict[str, Any], namespace: str, job: str
-) -> dict[str, list[str]]:
-    """Run the intruder (its image pulled with `pull_secret`, a Secret made in its namespace) against the running
-    job; what each of its calls got."""
-    log = cluster.kubectl("logs", "-n", namespace, f"job/{job}-driver").stdout
-    found = re.search(r"WeightService on (\S+)", log)
-    assert found, f"the driver did not log its WeightService address:\n{log[-2000:]}"
-    control = f"{job}-control.{namespace}.svc:50051"
-    cluster.kubectl("create", "namespace", INTRUDER_NS, check=False)
-    cluster.apply({**pull_secret, "metadata": {**pull_secret["metadata"], "namespace": INTRUDER_NS}})
-    cluster.apply(intruder_pod(image, control, found.group(1)))
-    wait_for(
-        "the intruder pod to finish",
-        lambda: (
-            (cluster.get("pod", "intruder", INTRUDER_NS) or {}).get("status", {}).get("phase")
-            in ("Succeeded", "Failed")
-        ),
-        timeout=120,
-    )
-    out = cluster.kubectl("logs", "-n", INTRUDER_NS, "intruder").stdout
-    assert out.strip(), cluster.kubectl("describe", "pod", "-n", INTRUDER_NS, "intruder").stdout
-    result: dict[str, list[str]] = json.loads(out.strip().splitlines()[-1])
-    return result

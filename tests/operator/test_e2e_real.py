@@ -42,13 +42,13 @@ from e2e_elastic import (
     write_judged_data,
 )
 from e2e_faults import Fault, FaultRun, child_generations, each_restart_told_once, fault_table
+from e2e_intruders import intrude, intrude_on_ray, refused
 from e2e_prometheus import Prometheus, Window, empty_panels, scrape_configs, service_monitors
 from e2e_real import (
     TRAINER_SHM_BYTES,
     cluster_job,
     diagnose,
     host_volume,
-    intrude,
     make_assets,
     make_runs_folder,
     read_running_pods,
@@ -226,6 +226,12 @@ def intrude_then_fault(setup: Setup, run: FaultRun) -> list[Fault]:
     # node's bridge enforces no NetworkPolicy) and is refused by the token; no Stop, no weights.
     intruder = intrude(cluster, setup.operator.worker_image, setup.operator.registry.pull_secret(NS), NS, JOB)
     assert intruder == {"Stop": ["UNAUTHENTICATED"] * 2, "FetchWeights": ["UNAUTHENTICATED"] * 2}, intruder
+    # A pod in the job's own namespace wearing the job's label (the NetworkPolicy admits it) at Ray's doors:
+    # the dashboard's job API (a submitted job would print the token file), the GCS, the client port. Ray's
+    # token authentication refuses each, with no token and with a wrong one.
+    ray = intrude_on_ray(cluster, setup.operator.worker_image, NS, JOB)
+    assert len(ray) == 4 and all(len(answers) == 2 for answers in ray.values()), ray
+    assert all(refused(answers) for answers in ray.values()), ray
     assert run.status().get("phase") == "Running", "the intruder stopped the job or it ended before the intrusion"
     faults = []
     for target in FAULTS:

@@ -361,3 +361,27 @@ def test_a_token_secret_that_is_not_the_jobs_is_never_sent() -> None:
             await ensure_children(ctx, parse_job(doc), doc)
 
     asyncio.run(play())
+
+
+def test_the_jobs_token_secret_carries_rays_key_made_new_or_by_an_older_operator() -> None:
+    """KubeRay reads Ray's token (authOptions.secretName) under `auth_token`: a new Secret holds the job's token
+    under both keys, and one an older operator made with `token` alone gains the other, the token unchanged."""
+
+    async def play() -> None:
+        ctx, kube, _, _ = context()
+        doc = body()
+        await handle(ctx, doc)
+        made = kube.objects[("Secret", NS, "elastic-token")]["stringData"]
+        assert made["auth_token"] == made["token"] and len(made["token"]) >= 32
+        older, _, _, _ = context()
+        older.kube = cast(Any, kube)
+        kube.objects.clear()
+        token = base64.b64encode(b"the-jobs-token").decode()
+        meta = {"name": "elastic-token", "namespace": NS, "ownerReferences": [OWNED]}
+        kube.put({"kind": "Secret", "metadata": meta, "data": {"token": token}})
+        await handle(older, doc)
+        assert kube.objects[("Secret", NS, "elastic-token")]["data"] == {"auth_token": token}  # the applied key
+        cluster = kube.objects[("RayCluster", NS, "elastic-ray")]["spec"]["authOptions"]
+        assert cluster == {"mode": "token", "secretName": "elastic-token"}
+
+    asyncio.run(play())

@@ -87,9 +87,10 @@ alone (null: left out; {} selects all), or none when both are null. */}}
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- /* the job's token; patch only to add Ray's key to one an older operator made */}}
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [create, get]
+  verbs: [create, get, patch]
 - apiGroups: [""]
   resources: [configmaps]
   verbs: [get, create, patch]
