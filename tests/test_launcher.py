@@ -13,6 +13,7 @@ import ray
 from rljob_workers.driver.controller.report import RunFailed
 from rljob_workers.driver.placement import launcher, ray_node
 from rljob_workers.driver.placement.launcher import ActorPool
+from rljob_workers.driver.run import supervision
 from rljob_workers.driver.run.supervision import EXIT_TRAINER_LOST, TrainerWatch, failed_run_exit_code
 
 pytestmark = pytest.mark.ray
@@ -97,6 +98,25 @@ def test_a_failed_run_waits_for_rays_word_on_a_rank_it_was_just_told_is_unavaila
     assert rank.calls == 4
     # the supervision loop's own check asks once a round: "unavailable" is not death there
     assert asyncio.run(TrainerWatch([DyingRank(unavailable=1)]).check()) == ""
+
+
+class SilentRank:
+    """A trainer rank that Ray never declares dead and that never answers (CI's loaded machine: Ray's word on a
+    killed rank came after the settle time; a hung rank looks the same)."""
+
+    def __init__(self) -> None:
+        self.pod_name = self
+
+    def remote(self) -> Any:
+        return asyncio.sleep(3600)
+
+
+def test_a_failed_run_whose_trainer_rank_stays_silent_restarts_the_trainer(monkeypatch):
+    monkeypatch.setattr(supervision, "SETTLE_SECONDS", 1.0)
+    failed = RunFailed("weight delivery to rollout-0 failed: the trainer's stream ended")
+    watch = TrainerWatch([SilentRank()])
+    assert asyncio.run(failed_run_exit_code(failed, watch)) == EXIT_TRAINER_LOST
+    assert "answered no ping for 1 s after the run failed" in watch.dead
 
 
 def test_a_run_failed_by_a_call_that_saw_the_trainer_die_first_restarts_the_trainer(local_ray):

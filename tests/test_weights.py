@@ -293,12 +293,23 @@ class _PublishMidStream(WeightServicer):
         self.during = during
 
     async def FetchWeights(self, request, context):
-        first = True
-        async for chunk in super().FetchWeights(request, context):
-            yield chunk
-            if first:
-                self.during()
-                first = False
+        proxy: Any = _AfterFirstWrite(context, self.during)
+        await super().FetchWeights(request, proxy)
+
+
+class _AfterFirstWrite:
+    """A servicer context whose first write is followed by `during`."""
+
+    def __init__(self, context: Any, during: Callable[[], None]) -> None:
+        self.context, self.during = context, during
+
+    async def write(self, chunk: bytes) -> None:
+        await self.context.write(chunk)
+        during, self.during = self.during, lambda: None
+        during()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.context, name)
 
 
 def test_a_fetch_during_publishes_streams_one_consistent_version():

@@ -82,6 +82,16 @@ class RolloutSpec(Placement):
         ge=0,
         le=16,
     )
+    request_timeout_seconds: float = Field(
+        900.0,
+        description=(
+            "Deadline of one Generate call (a prompt group, or one turn of each episode it carries): a replica "
+            "that has not finished it by then is treated as hung, replaced, and the prompts go elsewhere "
+            "(generous: a loaded 2-core machine generates a group in tens of seconds)."
+        ),
+        gt=0,
+        le=86400,
+    )
     gpus_per_replica: int = Field(
         1,
         description=(

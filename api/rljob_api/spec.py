@@ -222,6 +222,25 @@ class RLJobSpec(Model):
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="The checkpoint engine.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
     supervision: SupervisionSpec = Field(default_factory=SupervisionSpec, description="Finding hung replicas.")
+    progress_deadline_seconds: float = Field(
+        1800.0,
+        description=(
+            "A run in which no train step completes for this long (from its start, or its last step) is stuck: "
+            "Degraded (reason NoProgress) from half of it, then Failed (ProgressDeadlineExceeded), naming what "
+            "it waited on, with a checkpoint of its last step."
+        ),
+        ge=10,
+        le=604800,
+    )
+    active_deadline_seconds: int | None = Field(
+        None,
+        description=(
+            "Longest the whole job may run, from the driver's start; then it stops with a checkpoint and is "
+            "Failed (ActiveDeadlineExceeded). Unset: no limit. On a cluster the driver Job's own "
+            "activeDeadlineSeconds is this plus the driver's grace period, a backstop across driver restarts."
+        ),
+        ge=1,
+    )
     logging: LoggingSpec = Field(
         default_factory=LoggingSpec, description="Experiment trackers and sample logs of the run."
     )

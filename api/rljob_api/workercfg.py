@@ -102,6 +102,10 @@ class RolloutWorkerConfig(Model):
     max_concurrent_prompts: int
     gpu_memory_utilization: float
     seed: int
+    # Generate calls a replica serves at once, a backstop (see rljob_workers.common.limits): a call per prompt
+    # group, or per episode (each plays its turns on one replica, outside maxConcurrentPrompts), every group the
+    # staleness bound lets be in flight, four times over.
+    max_calls: int = 1024
 
 
 class RewardWorkerConfig(Model):
@@ -164,6 +168,10 @@ class ControllerConfig(Model):
     logging: LoggingSpec
     max_restarts: dict[Pool, int]  # per pool: replicas replaced in one run before it fails
     hung_after_seconds: float  # a replica answering no ping this long is lost (spec.supervision)
+    rollout_request_timeout: float  # a Generate call's deadline (spec.rollout.requestTimeoutSeconds)
+    reward_answer_deadline: float  # a sample unanswered this long after it was sent: its replica is hung
+    progress_deadline_seconds: float  # no step this long: the run fails (spec.progressDeadlineSeconds)
+    active_deadline_seconds: float | None = None  # the whole run's limit (spec.activeDeadlineSeconds)
     reward_functions: bool = True  # the reward pool scores samples (False: the environment's return alone)
     environment: EnvironmentSpec | None = None  # episodes against it instead of one completion per sample
 
@@ -180,6 +188,13 @@ class WorkerConfigs(Model):
     colocate: bool = Field(False, description="Each GPU holds a rollout replica and a trainer rank (spec.colocate).")
 
 
+def reward_answer_deadline(timeout_seconds: float) -> float:
+    """How long the driver waits for a reward replica's answer to one sample before it takes the replica for
+    hung: the server's own deadline (reward.timeoutSeconds, retries of a remote kind included) twice over,
+    room for a queue on the replica, plus 30 s for a loaded machine."""
+    return 2 * timeout_seconds + 30.0
+
+
 def _rollout_config(spec: RLJobSpec) -> RolloutWorkerConfig:
     rollout = spec.rollout
     return RolloutWorkerConfig(
@@ -194,7 +209,16 @@ def _rollout_config(spec: RLJobSpec) -> RolloutWorkerConfig:
         max_concurrent_prompts=rollout.max_concurrent_prompts,
         gpu_memory_utilization=rollout.gpu_memory_utilization,
         seed=spec.algorithm.seed,
+        max_calls=4 * max(rollout.max_concurrent_prompts, _samples_in_flight(spec)),
     )
+
+
+def _samples_in_flight(spec: RLJobSpec) -> int:
+    """Samples (episodes) the controller may have in flight: a step's groups for each version the staleness bound
+    allows and the one being trained, and a held-out eval round's."""
+    algorithm, evaluation = spec.algorithm, spec.data.eval
+    train = algorithm.prompts_per_step * (algorithm.max_staleness + 2) * algorithm.group_size
+    return train + (evaluation.prompts * evaluation.samples_per_prompt if evaluation is not None else 0)
 
 
 def _controller_config(job: RLJob, algorithm: Algorithm) -> ControllerConfig:
@@ -226,6 +250,10 @@ def _controller_config(job: RLJob, algorithm: Algorithm) -> ControllerConfig:
             "environment": spec.environment.max_restarts if spec.environment else 0,
         },
         hung_after_seconds=spec.supervision.hung_after_seconds,
+        rollout_request_timeout=spec.rollout.request_timeout_seconds,
+        reward_answer_deadline=reward_answer_deadline(spec.reward.timeout_seconds),
+        progress_deadline_seconds=spec.progress_deadline_seconds,
+        active_deadline_seconds=spec.active_deadline_seconds,
         reward_functions=scores_with_functions(spec),
         environment=spec.environment,
     )

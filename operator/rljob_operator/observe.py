@@ -42,6 +42,7 @@ class DriverInfo:
     message: str = ""
     failed_attempts: int = 0
     pod: PodInfo | None = None
+    deadline_exceeded: bool = False  # Failed by the Job's activeDeadlineSeconds (spec.activeDeadlineSeconds)
 
     @property
     def finished(self) -> bool:
@@ -163,6 +164,7 @@ def driver_info(job: Mapping[str, Any] | None, pods: Iterable[PodInfo]) -> Drive
         message=str((failed or {}).get("message") or "") if is_failed else "",
         failed_attempts=int((job.get("status") or {}).get("failed") or 0),
         pod=newest,
+        deadline_exceeded=is_failed and (failed or {}).get("reason") == "DeadlineExceeded",
     )
 
 

@@ -247,8 +247,20 @@ def render_driver(job: RLJob, ports: Ports, options: RenderOptions) -> dict[str,
         "metadata": _meta(job, driver_name(job), "driver"),
         # A retry starts once the deleted or failed driver has exited (its SIGTERM checkpoint written, its
         # folder lock released), never beside it.
-        "spec": {"backoffLimit": options.driver_backoff_limit, "podReplacementPolicy": "Failed", "template": template},
+        "spec": {
+            "backoffLimit": options.driver_backoff_limit,
+            "podReplacementPolicy": "Failed",
+            "template": template,
+            **active_deadline(job),
+        },
     }
+
+
+def active_deadline(job: RLJob) -> dict[str, int]:
+    """spec.activeDeadlineSeconds as the driver Job's own, a backstop across driver restarts: the driver stops
+    itself at the deadline (a checkpoint written), the Job ends whatever is left a grace period later."""
+    seconds = job.spec.active_deadline_seconds
+    return {"activeDeadlineSeconds": seconds + DRIVER_GRACE_SECONDS} if seconds is not None else {}
 
 
 def finish(doc: dict[str, Any], job: RLJob, owner: Owner | None) -> dict[str, Any]:

@@ -134,7 +134,24 @@ def _progressing(phase: Phase, snapshot: control_pb.JobStatus | None, job: RLJob
     return "True", "Training", f"step {snapshot.step}/{total}, policy version {snapshot.policy_version}"
 
 
-def _aggregate(phase: Phase, message: str, wanted: dict[str, tuple[str, str, str]]) -> dict[str, tuple[str, str, str]]:
+FAILURE_REASONS = {
+    control_pb.FAILURE_REASON_PROGRESS_DEADLINE: "ProgressDeadlineExceeded",
+    control_pb.FAILURE_REASON_ACTIVE_DEADLINE: "ActiveDeadlineExceeded",
+}
+
+
+def failure_reason(observed: Observed, snapshot: control_pb.JobStatus | None) -> str:
+    """The Failed condition's reason: the run's own kind of failure where it has one (the driver Job's
+    deadline, Kubernetes' backstop of spec.activeDeadlineSeconds, counts as the run's), else Failed."""
+    if snapshot is not None and snapshot.failure_reason in FAILURE_REASONS:
+        return FAILURE_REASONS[snapshot.failure_reason]
+    driver = observed.driver
+    return "ActiveDeadlineExceeded" if driver is not None and driver.deadline_exceeded else "Failed"
+
+
+def _aggregate(
+    phase: Phase, message: str, wanted: dict[str, tuple[str, str, str]], failed: str
+) -> dict[str, tuple[str, str, str]]:
     """Ready (running, every pool and volume ready), and the terminal Succeeded and Failed, so that
     `kubectl wait --for=condition=Succeeded rljob/NAME` works."""
     parts = [kind for kind in (*READY_TYPE.values(), "VolumesReady") if wanted[kind][0] != "True"]
@@ -149,13 +166,15 @@ def _aggregate(phase: Phase, message: str, wanted: dict[str, tuple[str, str, str
     return {
         "Ready": ready,
         "Succeeded": ("True", "Succeeded", message) if phase == "Succeeded" else ("False", phase, ""),
-        "Failed": ("True", "Failed", message) if phase == "Failed" else ("False", phase if done else "NotFailed", ""),
+        "Failed": ("True", failed, message) if phase == "Failed" else ("False", phase if done else "NotFailed", ""),
     }
 
 
-def _degraded(job: RLJob, observed: Observed, phase: Phase, message: str, waiting: str) -> tuple[str, str, str]:
+def _degraded(
+    job: RLJob, observed: Observed, phase: Phase, message: str, snapshot: control_pb.JobStatus | None
+) -> tuple[str, str, str]:
     if phase == "Failed":
-        return "True", "Failed", message
+        return "True", failure_reason(observed, snapshot), message
     if phase in ("Suspended", "Succeeded"):
         return "False", "AsExpected", ""
     pulls = observed.image_pulls()
@@ -183,8 +202,25 @@ def _degraded(job: RLJob, observed: Observed, phase: Phase, message: str, waitin
             "DriverRestarted",
             f"the driver failed {driver.failed_attempts} time(s); it resumes from the newest checkpoint",
         )
+    return _run_trouble(job, phase, snapshot)
+
+
+def _run_trouble(job: RLJob, phase: Phase, snapshot: control_pb.JobStatus | None) -> tuple[str, str, str]:
+    """What the controller reports going wrong in a live run: samples waiting for reward, no step for half the
+    progress deadline, a replica's blocked event loop."""
+    waiting = _waiting_for_reward(snapshot)
     if waiting:
         return "True", "WaitingForReward", waiting
+    deadline = job.spec.progress_deadline_seconds
+    if snapshot is not None and phase == "Running" and snapshot.seconds_since_step >= deadline / 2:
+        stalled = snapshot.seconds_since_step
+        return (
+            "True",
+            "NoProgress",
+            f"no train step for {stalled:.0f} s; the run fails at progressDeadlineSeconds {deadline:g}",
+        )
+    if snapshot is not None and snapshot.loop_blocked:
+        return "True", "EventLoopBlocked", snapshot.loop_blocked
     return "False", "AsExpected", ""
 
 
@@ -277,9 +313,9 @@ def compute_status(
     wanted = {READY_TYPE[p]: _pool_condition(job, p, pools.of(p), observed, phase) for p in POOLS}
     wanted["VolumesReady"] = volumes_condition(job, claim_problems)
     wanted["Progressing"] = _progressing(phase, snapshot, job)
-    degraded = _degraded(job, observed, phase, message, waiting)
+    degraded = _degraded(job, observed, phase, message, snapshot)
     wanted["Degraded"] = ("True", "NameTaken", name_taken) if name_taken else degraded
-    wanted.update(_aggregate(phase, message, wanted))
+    wanted.update(_aggregate(phase, message, wanted, failure_reason(observed, snapshot)))
     prev = previous or RLJobStatus()
     status = RLJobStatus(
         phase=phase,

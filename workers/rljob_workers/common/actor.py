@@ -18,6 +18,8 @@ from typing import Any
 
 import ray
 
+from rljob_workers.common.loop_watch import LoopWatch
+
 
 def node_host() -> str:
     """The address other pools reach this actor at (the Ray node's IP; 127.0.0.1 locally)."""
@@ -66,6 +68,25 @@ class ServerActor:
         self.index = index
         self.server: Any = None
         self.servicer: Any = None
+        self.loop_watch = LoopWatch(self.blocking_suspects)
+
+    async def start(self) -> str:
+        """Start the replica's server (`serve`, the pool's own); its address. The loop watch starts first, so
+        that a user function blocking the loop from the first request on is measured."""
+        self.loop_watch.start()
+        return await self.serve()
+
+    async def serve(self) -> str:
+        raise NotImplementedError
+
+    def blocking_suspects(self) -> list[str]:
+        """The user's async functions this replica runs on its event loop (see LoopWatch); none by default."""
+        return []
+
+    def loop_blocked(self) -> str:
+        """The newest report of this replica's event loop blocked past LoopWatch's threshold, once ('' if none);
+        the supervisor asks with its pings and puts it in the run's log and status."""
+        return self.loop_watch.report()
 
     def pod_name(self) -> str:
         """The Kubernetes pod this replica runs in (the operator deletes a drained reward pod); '' locally."""

@@ -91,18 +91,20 @@ def bearer(token: str) -> tuple[str, str]:
     return (AUTH_HEADER, f"Bearer {token}")
 
 
-def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as `handler` that answers UNAUTHENTICATED without reading a request."""
+def refusal(
+    handler: grpc.RpcMethodHandler, message: str, code: grpc.StatusCode = grpc.StatusCode.UNAUTHENTICATED
+) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that answers `code` without reading a request."""
 
     async def deny(request: Any, context: grpc.aio.ServicerContext) -> None:
         if handler.request_streaming:
             await _read_out(request)
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message)
 
     async def deny_stream(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if handler.request_streaming:
             await _read_out(request)
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(code, message)
         yield  # pragma: no cover  # makes this an async generator, as a streaming handler must be
 
     if handler.response_streaming:
@@ -147,10 +149,10 @@ class TokenCheck(grpc.aio.ServerInterceptor):
             return handler
         sent = [value for key, value in details.invocation_metadata or () if key == AUTH_HEADER]
         if not sent:
-            return _refusal(handler, f"{details.method}: no job token (authorization: Bearer <token>)")
+            return refusal(handler, f"{details.method}: no job token (authorization: Bearer <token>)")
         given = sent[0].encode() if isinstance(sent[0], str) else sent[0]
         if not hmac.compare_digest(given, self.expected):
-            return _refusal(handler, f"{details.method}: wrong job token")
+            return refusal(handler, f"{details.method}: wrong job token")
         return handler
 
 

@@ -9,6 +9,7 @@ served as both grpc.reflection.v1 (what grpcurl asks first) and v1alpha.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from grpc_reflection.v1alpha import reflection, reflection_pb2, reflection_pb2_g
 from grpc_reflection.v1alpha._async import ReflectionServicer
 
 from rljob_workers.common.auth import TokenChannel, TokenCheck
+from rljob_workers.common.limits import ConcurrencyLimit
 
 # Large enough for a weight chunk or a long completion; bigger payloads are chunked.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
@@ -30,6 +32,11 @@ SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),
 ]
 CLIENT_OPTIONS = SERVER_OPTIONS[:2]
+# Concurrent RPCs a server takes by default (a server whose callers need more says so): past it a call is
+# refused RESOURCE_EXHAUSTED at once, and one connection carries at most as many streams, so no caller, with the
+# token or not, can pin a replica's memory and tasks without bound. Room beyond the work for health and control.
+DEFAULT_MAX_RPCS = 256
+HEADROOM_RPCS = 16
 # v1 and v1alpha reflection have the same messages on the wire; only the service name differs.
 REFLECTION_V1 = "grpc.reflection.v1.ServerReflection"
 
@@ -65,11 +72,24 @@ class RunningServer:
 
 
 async def start_server(
-    services: Sequence[Service], host: str = "127.0.0.1", port: int = 0, *, token: str | None = None
+    services: Sequence[Service],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    token: str | None = None,
+    max_rpcs: int = DEFAULT_MAX_RPCS,
 ) -> RunningServer:
     """Serve `services` plus grpc.health.v1 and reflection; port 0 picks a free port. With a `token`
-    every call but a health check must carry it (see auth.py)."""
-    interceptors = [TokenCheck(token)] if token is not None else []
+    every call but a health check must carry it (see auth.py). At most `max_rpcs` calls at once (and
+    HEADROOM_RPCS more for health checks and control calls)."""
+    limit = max_rpcs + HEADROOM_RPCS
+    # The limit first: a call the token check refuses holds its place only while it is refused.
+    interceptors: list[grpc.aio.ServerInterceptor] = [ConcurrencyLimit(limit)]
+    if token is not None:
+        interceptors.append(TokenCheck(token))
+    # Not also HTTP/2's max_concurrent_streams: a client that opens streams past it before it reads the setting
+    # (the driver's many episode streams on one connection) has them refused (REFUSED_STREAM), seen in the episodes
+    # run; the interceptor's refusal names the method and the limit instead.
     server = grpc.aio.server(options=SERVER_OPTIONS, interceptors=interceptors)
     health = HealthServicer()
     for service in services:
@@ -165,6 +185,14 @@ def _unary_unary(inner: Any) -> Any:
 
 
 def _unary_stream(inner: Any) -> Any:
+    if not inspect.isasyncgenfunction(inner):  # it writes its responses itself (context.write)
+
+        async def writes(request: Any, context: grpc.aio.ServicerContext) -> None:
+            await _refuse_undecodable(request, context)
+            await inner(request, context)
+
+        return writes
+
     async def behaviour(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         await _refuse_undecodable(request, context)
         async for response in inner(request, context):

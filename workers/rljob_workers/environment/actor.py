@@ -13,7 +13,7 @@ from rljob_workers.common.auth import required_job_token
 class EnvironmentActor(ServerActor):
     """One environment replica: the job's environment class behind an EnvironmentService."""
 
-    async def start(self) -> str:
+    async def serve(self) -> str:
         from rljob_api.workercfg import EnvironmentWorkerConfig
         from rljob_workers.environment.server import serve_environment_replica
 

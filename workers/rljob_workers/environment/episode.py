@@ -18,6 +18,7 @@ Raising `InvalidAction` ends the episode as an invalid action; any other excepti
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib
 import inspect
 import json
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rljob.v1 import environment_service_pb2 as pb
+from rljob_workers.common.daemon_pool import DaemonThreadPool
 
 
 class EnvironmentConfigError(ValueError):
@@ -156,10 +158,19 @@ def _takes(fn: Callable[..., Any], name: str) -> bool:
         return False
 
 
+# The environment's synchronous methods run here: a step that never returns (its deadline answers for it) must
+# not hold the replica's process at exit (see common.daemon_pool).
+THREADS = DaemonThreadPool(64, thread_name_prefix="environment")
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(THREADS, functools.partial(fn, *args, **kwargs))
+
+
 async def _call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if inspect.iscoroutinefunction(fn):
         return await fn(*args, **kwargs)
-    result = await asyncio.to_thread(fn, *args, **kwargs)
+    result = await _in_thread(fn, *args, **kwargs)
     return await result if inspect.isawaitable(result) else result
 
 
@@ -173,7 +184,7 @@ class Episode:
     instance: Any = field(default=None, init=False)
 
     async def reset(self, start: pb.EpisodeStart) -> pb.EpisodeResponse:
-        self.instance = await asyncio.to_thread(self.cls, **self.args)
+        self.instance = await _in_thread(self.cls, **self.args)
         task = dict(start.task.items()) if start.task else {}
         reset = self.instance.reset
         result = await (_call(reset, task, seed=start.seed) if _takes(reset, "seed") else _call(reset, task))

@@ -118,7 +118,7 @@ async def start_environment_server(
         load_class(ref), ref, args=args, max_episodes=max_episodes, step_timeout_seconds=step_timeout_seconds
     )
     service = Service(pb_grpc.add_EnvironmentServiceServicer_to_server, servicer, SERVICE_NAME)
-    return await start_server([service], host, port, token=token), servicer
+    return await start_server([service], host, port, token=token, max_rpcs=max_episodes), servicer
 
 
 async def serve_environment_replica(

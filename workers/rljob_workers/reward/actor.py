@@ -13,7 +13,7 @@ from rljob_workers.common.auth import required_job_token
 class RewardActor(ServerActor):
     """One reward replica: the job's reward functions behind a RewardService."""
 
-    async def start(self) -> str:
+    async def serve(self) -> str:
         with collector_paused():  # a reward model's pool loads torch and transformers too
             from rljob_api.workercfg import RewardWorkerConfig
             from rljob_workers.reward.server import serve_reward
@@ -22,6 +22,9 @@ class RewardActor(ServerActor):
             config = RewardWorkerConfig.model_validate_json(self.config_json)
             self.server, self.servicer = await serve_reward(config, host, 0, token=required_job_token())
         return f"{host}:{self.server.port}"
+
+    def blocking_suspects(self) -> list[str]:
+        return self.servicer.functions.async_rules if self.servicer is not None else []
 
     async def stop(self) -> None:
         if self.server is not None:

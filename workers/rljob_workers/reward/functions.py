@@ -33,12 +33,12 @@ import numbers
 import sys
 import time
 from collections.abc import Awaitable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from rljob.v1 import sample_pb2
 from rljob_api.reward import RewardFunction
+from rljob_workers.common.daemon_pool import DaemonThreadPool
 from rljob_workers.reward.base import FUNCTION, INVALID, TRANSIENT, RewardConfigError, SampleScorer, ScoreFailure
 from rljob_workers.reward.callables import RewardCallable, WeightedFunction, error_score, is_async
 from rljob_workers.reward.conventions import NotApplicable, ScoreWithMetrics
@@ -134,7 +134,7 @@ class RewardFunctionSet:
         self.judge_only = list(judge_only)
         self.timeout_seconds = timeout_seconds
         self.metrics = metrics if metrics is not None else RewardMetrics()
-        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="reward-fn")
+        self._executor = DaemonThreadPool(max_workers, thread_name_prefix="reward-fn")
 
     @classmethod
     def from_spec(
@@ -157,6 +157,11 @@ class RewardFunctionSet:
     @property
     def names(self) -> list[str]:
         return [f.name for f in self.functions]
+
+    @property
+    def async_rules(self) -> list[str]:
+        """The rules that run on the event loop (async def): one that blocks stalls the whole replica."""
+        return [name for name, (_, asynchronous) in self._rules.items() if asynchronous]
 
     async def score(self, sample: sample_pb2.RewardSample) -> sample_pb2.SampleScore:
         """Score one sample with every function concurrently; never raises for a function's failure."""

@@ -61,12 +61,18 @@ def refusal_label(reason: sample_pb2.RefusalReason) -> str:
 
 
 class _ScoreStream:
-    """State of one Score call: samples in flight on it and the answers waiting to be sent."""
+    """State of one Score call: samples in flight on it and the answers waiting to be sent.
+
+    The answers wait in a bounded queue: a client that writes samples and reads no answers fills it, the
+    stream then stops reading its requests (its writes stall by HTTP/2 flow control), and no more work or
+    memory is taken for it."""
 
     def __init__(self, servicer: RewardServicer) -> None:
         self.servicer = servicer
         self.in_flight: dict[str, asyncio.Task[None]] = {}
-        self.answers: asyncio.Queue[sample_pb2.SampleScore | None] = asyncio.Queue()
+        # Room for every sample in flight and as many refusals; then the reader waits.
+        limit = 2 * max(1, servicer.max_in_flight) + servicer.max_samples_per_message
+        self.answers: asyncio.Queue[sample_pb2.SampleScore | None] = asyncio.Queue(maxsize=limit)
         self.undecodable = ""  # why the stream ends with INVALID_ARGUMENT once its answers are sent
         self.batched = False  # the client sends `samples`, so it reads `scores`
 
@@ -78,9 +84,9 @@ class _ScoreStream:
             async for request in requests:
                 received += 1
                 if request.samples:
-                    self.accept_several(request.samples)
+                    await self.accept_several(request.samples)
                 else:  # one sample (an empty message is an empty sample, answered INVALID)
-                    self.accept(request.sample)
+                    await self.accept(request.sample)
         except UndecodableRequest as exc:
             self.undecodable = (
                 f"message {received + 1} on this stream does not decode; the ones before it are answered: {exc}"
@@ -91,21 +97,21 @@ class _ScoreStream:
         else:
             await self.finish()
         finally:
-            self.answers.put_nowait(None)
+            await self.answers.put(None)
 
     async def finish(self) -> None:
         # Reading is over, so no task is added while these are awaited.
         await asyncio.gather(*self.in_flight.values(), return_exceptions=True)
 
-    def accept_several(self, samples: Sequence[sample_pb2.RewardSample]) -> None:
+    async def accept_several(self, samples: Sequence[sample_pb2.RewardSample]) -> None:
         self.batched = True
         limit = self.servicer.max_samples_per_message
         for sample in samples[:limit]:
-            self.accept(sample)
+            await self.accept(sample)
         for sample in samples[limit:]:
             self.servicer.metrics.observe_invalid()
             message = f"sample {sample.sample_id!r} is over Info's max_samples_per_message {limit} in its message"
-            self.answers.put_nowait(error_score(sample.sample_id, INVALID, message))
+            await self.answers.put(error_score(sample.sample_id, INVALID, message))
 
     async def replies(self) -> AsyncIterator[reward_service_pb2.ScoreResponse]:
         """The answers as they come; on a batched stream, the ones ready together share a message."""
@@ -123,10 +129,10 @@ class _ScoreStream:
                 scores.append(more)
             yield reward_service_pb2.ScoreResponse(scores=scores)
 
-    def accept(self, sample: sample_pb2.RewardSample) -> None:
+    async def accept(self, sample: sample_pb2.RewardSample) -> None:
         refusal = self.servicer.refusal(sample, self.in_flight)
         if refusal is not None:
-            self.answers.put_nowait(refusal)
+            await self.answers.put(refusal)
             return
         self.servicer.begin()
         self.in_flight[sample.sample_id] = asyncio.create_task(self.score(sample))
@@ -134,10 +140,12 @@ class _ScoreStream:
     async def score(self, sample: sample_pb2.RewardSample) -> None:
         try:
             result = await self.servicer.score_one(sample)
+            # In flight until its answer is queued: `finish` waits for it, so the stream's end cannot overtake
+            # an answer waiting for room in the queue.
+            await self.answers.put(result)
         finally:
             self.in_flight.pop(sample.sample_id, None)
             self.servicer.end()
-        self.answers.put_nowait(result)
 
     def cancel(self) -> None:
         for task in self.in_flight.values():
@@ -300,7 +308,7 @@ async def start_reward_server(
     `token` every call must carry it (the job's own replicas; a served function is open)."""
     servicer = RewardServicer(functions, name=name, max_in_flight=max_in_flight)
     service = Service(reward_service_pb2_grpc.add_RewardServiceServicer_to_server, servicer, SERVICE_NAME)
-    return await start_server([service], host, port, token=token), servicer
+    return await start_server([service], host, port, token=token, max_rpcs=max_in_flight), servicer
 
 
 async def serve_reward(

@@ -14,7 +14,7 @@ from rljob_workers.common.auth import required_job_token
 class RolloutActor(ServerActor):
     """One rollout replica: an engine behind a RolloutService."""
 
-    async def start(self) -> str:
+    async def serve(self) -> str:
         with collector_paused():
             from rljob_api.workercfg import RolloutWorkerConfig
             from rljob_workers.rollout.server import serve_rollout

@@ -335,7 +335,11 @@ async def serve_rollout(
         engine = await asyncio.to_thread(make_engine, config)
     servicer = RolloutServicer(engine, token=token)
     running = await start_server(
-        [Service(pb_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)], host, port, token=token
+        [Service(pb_grpc.add_RolloutServiceServicer_to_server, servicer, SERVICE_NAME)],
+        host,
+        port,
+        token=token,
+        max_rpcs=config.max_calls,
     )
 
     async def not_serving() -> None:

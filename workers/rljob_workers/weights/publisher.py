@@ -17,8 +17,10 @@ slow stream read a buffer that the version after next is being written into.
 
 from __future__ import annotations
 
+import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterable, Iterator
+import time
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 
@@ -43,6 +45,11 @@ DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 SERVICE_NAME = wpb.DESCRIPTOR.services_by_name["WeightService"].full_name
 # Leaves room for the chunk's header fields under the gRPC message limit.
 MAX_CHUNK_BYTES = MAX_MESSAGE_BYTES - 1024 * 1024
+# A FetchWeights stream whose reader takes no chunk for this long is stalled, and one may take this long in
+# all (a whole model over a slow link): past either, it ends DEADLINE_EXCEEDED and lets its snapshot go, so
+# a stuck reader cannot pin a version's buffers (a whole model's memory) for ever.
+STALL_SECONDS = 60.0
+FETCH_DEADLINE_SECONDS = 1800.0
 
 
 class NoVersionError(LookupError):
@@ -212,13 +219,21 @@ def _varint(value: int) -> bytes:
 class WeightServicer(wgrpc.WeightServiceServicer):
     """rljob.v1.WeightService over a publisher: the pull path for replicas that join late or restart."""
 
-    def __init__(self, publisher: WeightPublisher, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(
+        self,
+        publisher: WeightPublisher,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        *,
+        stall_seconds: float = STALL_SECONDS,
+        deadline_seconds: float = FETCH_DEADLINE_SECONDS,
+    ) -> None:
         self.publisher = publisher
         self.chunk_bytes = chunk_bytes
+        self.stall_seconds, self.deadline_seconds = stall_seconds, deadline_seconds
 
-    async def FetchWeights(
-        self, request: wpb.FetchWeightsRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[bytes]:
+    async def FetchWeights(self, request: wpb.FetchWeightsRequest, context: grpc.aio.ServicerContext) -> None:
+        """Write the newest version's chunks; each write is waited on (a reader that stops reading stops it, by
+        HTTP/2 flow control), at most `stall_seconds`, the whole at most `deadline_seconds`."""
         if request.max_chunk_bytes < 0:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "max_chunk_bytes must not be negative")
         chunk_bytes = min(request.max_chunk_bytes or self.chunk_bytes, MAX_CHUNK_BYTES)
@@ -227,12 +242,28 @@ class WeightServicer(wgrpc.WeightServiceServicer):
         except NoVersionError as exc:
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
             return
+        deadline, held = time.monotonic() + self.deadline_seconds, True
         try:
             for chunk in iter_chunks(snapshot, chunk_bytes):
-                yield chunk
+                wait = max(min(self.stall_seconds, deadline - time.monotonic()), 0.0)
+                write = asyncio.ensure_future(context.write(chunk))
+                # asyncio.wait, not wait_for: a write held by flow control does not end when cancelled, and
+                # wait_for would wait for it to end.
+                done, _ = await asyncio.wait({write}, timeout=wait)
+                if not done:
+                    write.cancel()
+                    # Let the version go first: the status cannot be sent while the write waits on the reader,
+                    # so the call itself ends only when the reader goes or its own deadline passes.
+                    self.publisher.release(snapshot)
+                    held = False
+                    stalled = wait >= self.stall_seconds
+                    why = f"took no chunk for {wait:.0f} s" if stalled else f"ran past {self.deadline_seconds:g} s"
+                    message = f"FetchWeights of version {snapshot.version}: the reader {why}"
+                    await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, message)
+                write.result()  # a write that failed (the client went away) ends the stream here
         finally:
-            # Also runs when the client cancels: the generator is closed at its yield.
-            self.publisher.release(snapshot)
+            if held:  # also when the client cancels: the snapshot is free again
+                self.publisher.release(snapshot)
 
     async def GetLatestVersion(
         self, request: wpb.GetLatestVersionRequest, context: grpc.aio.ServicerContext

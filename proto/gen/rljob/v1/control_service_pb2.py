@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erljob/v1/control_service.proto\x12\x08rljob.v1\"T\n\nPoolStatus\x12\x0f\n\x07\x64\x65sired\x18\x01 \x01(\x05\x12\r\n\x05ready\x18\x02 \x01(\x05\x12\x0f\n\x07\x64rained\x18\x03 \x03(\t\x12\x15\n\ridle_fraction\x18\x04 \x01(\x01\"\xd0\x03\n\x0cSampleCounts\x12\x11\n\tgenerated\x18\x01 \x01(\x03\x12\x0e\n\x06scored\x18\x02 \x01(\x03\x12\x0f\n\x07trained\x18\x03 \x01(\x03\x12\x17\n\x0f\x64iscarded_stale\x18\x04 \x01(\x03\x12\x1d\n\x15\x65xcluded_reward_error\x18\x05 \x01(\x03\x12\x14\n\x0clost_replica\x18\x06 \x01(\x03\x12\x16\n\x0ereward_retries\x18\x07 \x01(\x03\x12\x1a\n\x12waiting_for_reward\x18\x08 \x01(\x03\x12\x10\n\x08\x66iltered\x18\t \x01(\x03\x12\x17\n\x0f\x66iltered_groups\x18\n \x01(\x03\x12\x18\n\x10masked_truncated\x18\x0b \x01(\x03\x12\x10\n\x08\x65pisodes\x18\x0c \x01(\x03\x12\r\n\x05turns\x18\r \x01(\x03\x12\x18\n\x10\x65pisode_restarts\x18\x0e \x01(\x03\x12\x1a\n\x12\x65nvironment_errors\x18\x0f \x01(\x03\x12\"\n\x1a\x65xcluded_environment_error\x18\x10 \x01(\x03\x12\x1a\n\x12\x65pisodes_in_flight\x18\x11 \x01(\x03\x12\x16\n\x0e\x66\x61iled_prompts\x18\x12 \x01(\x03\x12\x16\n\x0e\x66\x61iled_samples\x18\x13 \x01(\x03\"\xd8\x04\n\tJobStatus\x12!\n\x05phase\x18\x01 \x01(\x0e\x32\x12.rljob.v1.RunPhase\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x03 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x13\n\x0breward_mean\x18\x05 \x01(\x01\x12\x12\n\nreward_std\x18\x06 \x01(\x01\x12\x16\n\x0estaleness_mean\x18\x07 \x01(\x01\x12\x15\n\rstaleness_max\x18\x08 \x01(\x03\x12\x1a\n\x12samples_per_second\x18\t \x01(\x01\x12%\n\x07rollout\x18\n \x01(\x0b\x32\x14.rljob.v1.PoolStatus\x12%\n\x07trainer\x18\x0b \x01(\x0b\x32\x14.rljob.v1.PoolStatus\x12$\n\x06reward\x18\x0c \x01(\x0b\x32\x14.rljob.v1.PoolStatus\x12\'\n\x07samples\x18\r \x01(\x0b\x32\x16.rljob.v1.SampleCounts\x12\x12\n\ncheckpoint\x18\x0e \x01(\t\x12\x0f\n\x07message\x18\x0f \x01(\t\x12\x17\n\x0f\x65lapsed_seconds\x18\x10 \x01(\x01\x12\x1a\n\x12reward_wait_reason\x18\x11 \x01(\t\x12\x0e\n\x06run_id\x18\x12 \x01(\t\x12#\n\x08restarts\x18\x13 \x03(\x0b\x32\x11.rljob.v1.Restart\x12\"\n\x04\x65val\x18\x14 \x01(\x0b\x32\x14.rljob.v1.EvalResult\x12)\n\x0b\x65nvironment\x18\x15 \x01(\x0b\x32\x14.rljob.v1.PoolStatus\"\x91\x02\n\nEvalResult\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x13\n\x0breward_mean\x18\x03 \x01(\x01\x12\x32\n\x07rewards\x18\x04 \x03(\x0b\x32!.rljob.v1.EvalResult.RewardsEntry\x12\x34\n\tpass_at_k\x18\x05 \x03(\x0b\x32!.rljob.v1.EvalResult.PassAtKEntry\x1a.\n\x0cRewardsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a.\n\x0cPassAtKEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"k\n\x07Restart\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\x12\x13\n\x0breplacement\x18\x04 \x01(\t\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\x0c\n\x04step\x18\x06 \x01(\x03\"\x15\n\x13GetJobStatusRequest\";\n\x14GetJobStatusResponse\x12#\n\x06status\x18\x01 \x01(\x0b\x32\x13.rljob.v1.JobStatus\"1\n\x15WatchJobStatusRequest\x12\x18\n\x10interval_seconds\x18\x01 \x01(\x01\"=\n\x16WatchJobStatusResponse\x12#\n\x06status\x18\x01 \x01(\x0b\x32\x13.rljob.v1.JobStatus\"\x1d\n\x0bStopRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\" \n\x0cStopResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08*\x9b\x01\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_PHASE_STARTING\x10\x01\x12\x15\n\x11RUN_PHASE_RUNNING\x10\x02\x12\x16\n\x12RUN_PHASE_STOPPING\x10\x03\x12\x17\n\x13RUN_PHASE_SUCCEEDED\x10\x04\x12\x14\n\x10RUN_PHASE_FAILED\x10\x05\x32\xed\x01\n\x0e\x43ontrolService\x12M\n\x0cGetJobStatus\x12\x1d.rljob.v1.GetJobStatusRequest\x1a\x1e.rljob.v1.GetJobStatusResponse\x12U\n\x0eWatchJobStatus\x12\x1f.rljob.v1.WatchJobStatusRequest\x1a .rljob.v1.WatchJobStatusResponse0\x01\x12\x35\n\x04Stop\x12\x15.rljob.v1.StopRequest\x1a\x16.rljob.v1.StopResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erljob/v1/control_service.proto\x12\x08rljob.v1\"T\n\nPoolStatus\x12\x0f\n\x07\x64\x65sired\x18\x01 \x01(\x05\x12\r\n\x05ready\x18\x02 \x01(\x05\x12\x0f\n\x07\x64rained\x18\x03 \x03(\t\x12\x15\n\ridle_fraction\x18\x04 \x01(\x01\"\xd0\x03\n\x0cSampleCounts\x12\x11\n\tgenerated\x18\x01 \x01(\x03\x12\x0e\n\x06scored\x18\x02 \x01(\x03\x12\x0f\n\x07trained\x18\x03 \x01(\x03\x12\x17\n\x0f\x64iscarded_stale\x18\x04 \x01(\x03\x12\x1d\n\x15\x65xcluded_reward_error\x18\x05 \x01(\x03\x12\x14\n\x0clost_replica\x18\x06 \x01(\x03\x12\x16\n\x0ereward_retries\x18\x07 \x01(\x03\x12\x1a\n\x12waiting_for_reward\x18\x08 \x01(\x03\x12\x10\n\x08\x66iltered\x18\t \x01(\x03\x12\x17\n\x0f\x66iltered_groups\x18\n \x01(\x03\x12\x18\n\x10masked_truncated\x18\x0b \x01(\x03\x12\x10\n\x08\x65pisodes\x18\x0c \x01(\x03\x12\r\n\x05turns\x18\r \x01(\x03\x12\x18\n\x10\x65pisode_restarts\x18\x0e \x01(\x03\x12\x1a\n\x12\x65nvironment_errors\x18\x0f \x01(\x03\x12\"\n\x1a\x65xcluded_environment_error\x18\x10 \x01(\x03\x12\x1a\n\x12\x65pisodes_in_flight\x18\x11 \x01(\x03\x12\x16\n\x0e\x66\x61iled_prompts\x18\x12 \x01(\x03\x12\x16\n\x0e\x66\x61iled_samples\x18\x13 \x01(\x03\"\xbb\x05\n\tJobStatus\x12!\n\x05phase\x18\x01 \x01(\x0e\x32\x12.rljob.v1.RunPhase\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\x13\n\x0btotal_steps\x18\x03 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x04 \x01(\x03\x12\x13\n\x0breward_mean\x18\x05 \x01(\x01\x12\x12\n\nreward_std\x18\x06 \x01(\x01\x12\x16\n\x0estaleness_mean\x18\x07 \x01(\x01\x12\x15\n\rstaleness_max\x18\x08 \x01(\x03\x12\x1a\n\x12samples_per_second\x18\t \x01(\x01\x12%\n\x07rollout\x18\n \x01(\x0b\x32\x14.rljob.v1.PoolStatus\x12%\n\x07trainer\x18\x0b \x01(\x0b\x32\x14.rljob.v1.PoolStatus\x12$\n\x06reward\x18\x0c \x01(\x0b\x32\x14.rljob.v1.PoolStatus\x12\'\n\x07samples\x18\r \x01(\x0b\x32\x16.rljob.v1.SampleCounts\x12\x12\n\ncheckpoint\x18\x0e \x01(\t\x12\x0f\n\x07message\x18\x0f \x01(\t\x12\x17\n\x0f\x65lapsed_seconds\x18\x10 \x01(\x01\x12\x1a\n\x12reward_wait_reason\x18\x11 \x01(\t\x12\x0e\n\x06run_id\x18\x12 \x01(\t\x12#\n\x08restarts\x18\x13 \x03(\x0b\x32\x11.rljob.v1.Restart\x12\"\n\x04\x65val\x18\x14 \x01(\x0b\x32\x14.rljob.v1.EvalResult\x12)\n\x0b\x65nvironment\x18\x15 \x01(\x0b\x32\x14.rljob.v1.PoolStatus\x12\x1a\n\x12seconds_since_step\x18\x16 \x01(\x01\x12/\n\x0e\x66\x61ilure_reason\x18\x17 \x01(\x0e\x32\x17.rljob.v1.FailureReason\x12\x14\n\x0cloop_blocked\x18\x18 \x01(\t\"\x91\x02\n\nEvalResult\x12\x0c\n\x04step\x18\x01 \x01(\x03\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x03\x12\x13\n\x0breward_mean\x18\x03 \x01(\x01\x12\x32\n\x07rewards\x18\x04 \x03(\x0b\x32!.rljob.v1.EvalResult.RewardsEntry\x12\x34\n\tpass_at_k\x18\x05 \x03(\x0b\x32!.rljob.v1.EvalResult.PassAtKEntry\x1a.\n\x0cRewardsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a.\n\x0cPassAtKEntry\x12\x0b\n\x03key\x18\x01 \x01(\x05\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"k\n\x07Restart\x12\x0c\n\x04pool\x18\x01 \x01(\t\x12\x0f\n\x07replica\x18\x02 \x01(\t\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\x12\x13\n\x0breplacement\x18\x04 \x01(\t\x12\x0f\n\x07seconds\x18\x05 \x01(\x01\x12\x0c\n\x04step\x18\x06 \x01(\x03\"\x15\n\x13GetJobStatusRequest\";\n\x14GetJobStatusResponse\x12#\n\x06status\x18\x01 \x01(\x0b\x32\x13.rljob.v1.JobStatus\"1\n\x15WatchJobStatusRequest\x12\x18\n\x10interval_seconds\x18\x01 \x01(\x01\"=\n\x16WatchJobStatusResponse\x12#\n\x06status\x18\x01 \x01(\x0b\x32\x13.rljob.v1.JobStatus\"\x1d\n\x0bStopRequest\x12\x0e\n\x06reason\x18\x01 \x01(\t\" \n\x0cStopResponse\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08*\x9b\x01\n\x08RunPhase\x12\x19\n\x15RUN_PHASE_UNSPECIFIED\x10\x00\x12\x16\n\x12RUN_PHASE_STARTING\x10\x01\x12\x15\n\x11RUN_PHASE_RUNNING\x10\x02\x12\x16\n\x12RUN_PHASE_STOPPING\x10\x03\x12\x17\n\x13RUN_PHASE_SUCCEEDED\x10\x04\x12\x14\n\x10RUN_PHASE_FAILED\x10\x05*y\n\rFailureReason\x12\x1e\n\x1a\x46\x41ILURE_REASON_UNSPECIFIED\x10\x00\x12$\n FAILURE_REASON_PROGRESS_DEADLINE\x10\x01\x12\"\n\x1e\x46\x41ILURE_REASON_ACTIVE_DEADLINE\x10\x02\x32\xed\x01\n\x0e\x43ontrolService\x12M\n\x0cGetJobStatus\x12\x1d.rljob.v1.GetJobStatusRequest\x1a\x1e.rljob.v1.GetJobStatusResponse\x12U\n\x0eWatchJobStatus\x12\x1f.rljob.v1.WatchJobStatusRequest\x1a .rljob.v1.WatchJobStatusResponse0\x01\x12\x35\n\x04Stop\x12\x15.rljob.v1.StopRequest\x1a\x16.rljob.v1.StopResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,34 +35,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EVALRESULT_REWARDSENTRY']._serialized_options = b'8\001'
   _globals['_EVALRESULT_PASSATKENTRY']._loaded_options = None
   _globals['_EVALRESULT_PASSATKENTRY']._serialized_options = b'8\001'
-  _globals['_RUNPHASE']._serialized_start=1849
-  _globals['_RUNPHASE']._serialized_end=2004
+  _globals['_RUNPHASE']._serialized_start=1948
+  _globals['_RUNPHASE']._serialized_end=2103
+  _globals['_FAILUREREASON']._serialized_start=2105
+  _globals['_FAILUREREASON']._serialized_end=2226
   _globals['_POOLSTATUS']._serialized_start=44
   _globals['_POOLSTATUS']._serialized_end=128
   _globals['_SAMPLECOUNTS']._serialized_start=131
   _globals['_SAMPLECOUNTS']._serialized_end=595
   _globals['_JOBSTATUS']._serialized_start=598
-  _globals['_JOBSTATUS']._serialized_end=1198
-  _globals['_EVALRESULT']._serialized_start=1201
-  _globals['_EVALRESULT']._serialized_end=1474
-  _globals['_EVALRESULT_REWARDSENTRY']._serialized_start=1380
-  _globals['_EVALRESULT_REWARDSENTRY']._serialized_end=1426
-  _globals['_EVALRESULT_PASSATKENTRY']._serialized_start=1428
-  _globals['_EVALRESULT_PASSATKENTRY']._serialized_end=1474
-  _globals['_RESTART']._serialized_start=1476
-  _globals['_RESTART']._serialized_end=1583
-  _globals['_GETJOBSTATUSREQUEST']._serialized_start=1585
-  _globals['_GETJOBSTATUSREQUEST']._serialized_end=1606
-  _globals['_GETJOBSTATUSRESPONSE']._serialized_start=1608
-  _globals['_GETJOBSTATUSRESPONSE']._serialized_end=1667
-  _globals['_WATCHJOBSTATUSREQUEST']._serialized_start=1669
-  _globals['_WATCHJOBSTATUSREQUEST']._serialized_end=1718
-  _globals['_WATCHJOBSTATUSRESPONSE']._serialized_start=1720
-  _globals['_WATCHJOBSTATUSRESPONSE']._serialized_end=1781
-  _globals['_STOPREQUEST']._serialized_start=1783
-  _globals['_STOPREQUEST']._serialized_end=1812
-  _globals['_STOPRESPONSE']._serialized_start=1814
-  _globals['_STOPRESPONSE']._serialized_end=1846
-  _globals['_CONTROLSERVICE']._serialized_start=2007
-  _globals['_CONTROLSERVICE']._serialized_end=2244
+  _globals['_JOBSTATUS']._serialized_end=1297
+  _globals['_EVALRESULT']._serialized_start=1300
+  _globals['_EVALRESULT']._serialized_end=1573
+  _globals['_EVALRESULT_REWARDSENTRY']._serialized_start=1479
+  _globals['_EVALRESULT_REWARDSENTRY']._serialized_end=1525
+  _globals['_EVALRESULT_PASSATKENTRY']._serialized_start=1527
+  _globals['_EVALRESULT_PASSATKENTRY']._serialized_end=1573
+  _globals['_RESTART']._serialized_start=1575
+  _globals['_RESTART']._serialized_end=1682
+  _globals['_GETJOBSTATUSREQUEST']._serialized_start=1684
+  _globals['_GETJOBSTATUSREQUEST']._serialized_end=1705
+  _globals['_GETJOBSTATUSRESPONSE']._serialized_start=1707
+  _globals['_GETJOBSTATUSRESPONSE']._serialized_end=1766
+  _globals['_WATCHJOBSTATUSREQUEST']._serialized_start=1768
+  _globals['_WATCHJOBSTATUSREQUEST']._serialized_end=1817
+  _globals['_WATCHJOBSTATUSRESPONSE']._serialized_start=1819
+  _globals['_WATCHJOBSTATUSRESPONSE']._serialized_end=1880
+  _globals['_STOPREQUEST']._serialized_start=1882
+  _globals['_STOPREQUEST']._serialized_end=1911
+  _globals['_STOPRESPONSE']._serialized_start=1913
+  _globals['_STOPRESPONSE']._serialized_end=1945
+  _globals['_CONTROLSERVICE']._serialized_start=2229
+  _globals['_CONTROLSERVICE']._serialized_end=2466
 # @@protoc_insertion_point(module_scope)

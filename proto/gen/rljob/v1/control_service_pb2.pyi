@@ -15,12 +15,21 @@ class RunPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RUN_PHASE_STOPPING: _ClassVar[RunPhase]
     RUN_PHASE_SUCCEEDED: _ClassVar[RunPhase]
     RUN_PHASE_FAILED: _ClassVar[RunPhase]
+
+class FailureReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    FAILURE_REASON_UNSPECIFIED: _ClassVar[FailureReason]
+    FAILURE_REASON_PROGRESS_DEADLINE: _ClassVar[FailureReason]
+    FAILURE_REASON_ACTIVE_DEADLINE: _ClassVar[FailureReason]
 RUN_PHASE_UNSPECIFIED: RunPhase
 RUN_PHASE_STARTING: RunPhase
 RUN_PHASE_RUNNING: RunPhase
 RUN_PHASE_STOPPING: RunPhase
 RUN_PHASE_SUCCEEDED: RunPhase
 RUN_PHASE_FAILED: RunPhase
+FAILURE_REASON_UNSPECIFIED: FailureReason
+FAILURE_REASON_PROGRESS_DEADLINE: FailureReason
+FAILURE_REASON_ACTIVE_DEADLINE: FailureReason
 
 class PoolStatus(_message.Message):
     __slots__ = ("desired", "ready", "drained", "idle_fraction")
@@ -77,7 +86,7 @@ class SampleCounts(_message.Message):
     def __init__(self, generated: _Optional[int] = ..., scored: _Optional[int] = ..., trained: _Optional[int] = ..., discarded_stale: _Optional[int] = ..., excluded_reward_error: _Optional[int] = ..., lost_replica: _Optional[int] = ..., reward_retries: _Optional[int] = ..., waiting_for_reward: _Optional[int] = ..., filtered: _Optional[int] = ..., filtered_groups: _Optional[int] = ..., masked_truncated: _Optional[int] = ..., episodes: _Optional[int] = ..., turns: _Optional[int] = ..., episode_restarts: _Optional[int] = ..., environment_errors: _Optional[int] = ..., excluded_environment_error: _Optional[int] = ..., episodes_in_flight: _Optional[int] = ..., failed_prompts: _Optional[int] = ..., failed_samples: _Optional[int] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("phase", "step", "total_steps", "policy_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max", "samples_per_second", "rollout", "trainer", "reward", "samples", "checkpoint", "message", "elapsed_seconds", "reward_wait_reason", "run_id", "restarts", "eval", "environment")
+    __slots__ = ("phase", "step", "total_steps", "policy_version", "reward_mean", "reward_std", "staleness_mean", "staleness_max", "samples_per_second", "rollout", "trainer", "reward", "samples", "checkpoint", "message", "elapsed_seconds", "reward_wait_reason", "run_id", "restarts", "eval", "environment", "seconds_since_step", "failure_reason", "loop_blocked")
     PHASE_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     TOTAL_STEPS_FIELD_NUMBER: _ClassVar[int]
@@ -99,6 +108,9 @@ class JobStatus(_message.Message):
     RESTARTS_FIELD_NUMBER: _ClassVar[int]
     EVAL_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_SINCE_STEP_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_REASON_FIELD_NUMBER: _ClassVar[int]
+    LOOP_BLOCKED_FIELD_NUMBER: _ClassVar[int]
     phase: RunPhase
     step: int
     total_steps: int
@@ -120,7 +132,10 @@ class JobStatus(_message.Message):
     restarts: _containers.RepeatedCompositeFieldContainer[Restart]
     eval: EvalResult
     environment: PoolStatus
-    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., rollout: _Optional[_Union[PoolStatus, _Mapping]] = ..., trainer: _Optional[_Union[PoolStatus, _Mapping]] = ..., reward: _Optional[_Union[PoolStatus, _Mapping]] = ..., samples: _Optional[_Union[SampleCounts, _Mapping]] = ..., checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ..., reward_wait_reason: _Optional[str] = ..., run_id: _Optional[str] = ..., restarts: _Optional[_Iterable[_Union[Restart, _Mapping]]] = ..., eval: _Optional[_Union[EvalResult, _Mapping]] = ..., environment: _Optional[_Union[PoolStatus, _Mapping]] = ...) -> None: ...
+    seconds_since_step: float
+    failure_reason: FailureReason
+    loop_blocked: str
+    def __init__(self, phase: _Optional[_Union[RunPhase, str]] = ..., step: _Optional[int] = ..., total_steps: _Optional[int] = ..., policy_version: _Optional[int] = ..., reward_mean: _Optional[float] = ..., reward_std: _Optional[float] = ..., staleness_mean: _Optional[float] = ..., staleness_max: _Optional[int] = ..., samples_per_second: _Optional[float] = ..., rollout: _Optional[_Union[PoolStatus, _Mapping]] = ..., trainer: _Optional[_Union[PoolStatus, _Mapping]] = ..., reward: _Optional[_Union[PoolStatus, _Mapping]] = ..., samples: _Optional[_Union[SampleCounts, _Mapping]] = ..., checkpoint: _Optional[str] = ..., message: _Optional[str] = ..., elapsed_seconds: _Optional[float] = ..., reward_wait_reason: _Optional[str] = ..., run_id: _Optional[str] = ..., restarts: _Optional[_Iterable[_Union[Restart, _Mapping]]] = ..., eval: _Optional[_Union[EvalResult, _Mapping]] = ..., environment: _Optional[_Union[PoolStatus, _Mapping]] = ..., seconds_since_step: _Optional[float] = ..., failure_reason: _Optional[_Union[FailureReason, str]] = ..., loop_blocked: _Optional[str] = ...) -> None: ...
 
 class EvalResult(_message.Message):
     __slots__ = ("step", "policy_version", "reward_mean", "rewards", "pass_at_k")

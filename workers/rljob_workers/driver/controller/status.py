@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Protocol
@@ -23,6 +24,14 @@ class Restarts(Protocol):
     entries: list[pb.Restart]
 
 
+class Progress(Protocol):
+    """What the status shows of the run's deadlines (run/deadlines.py, a room above this one)."""
+
+    reason: int
+
+    def stalled(self, now: float) -> float: ...
+
+
 @dataclass
 class RunView:
     """What the status is made of: the controller, the last step, pool sizes, the phase."""
@@ -36,6 +45,8 @@ class RunView:
     last: StepReport | None = None
     stop_requested: asyncio.Event | None = None
     history: Restarts | None = None  # every replacement of this driver process
+    deadlines: Progress | None = None  # the run's progress and active deadlines
+    loop_blocked: Callable[[], str] = str  # the newest report of a replica whose event loop was blocked
 
     def snapshot(self) -> pb.JobStatus:
         c = self.controller
@@ -65,6 +76,10 @@ class RunView:
             status.samples_per_second = counts.trained / max(last.elapsed_seconds, 1e-9)
         if c.evaluation is not None and c.evaluation.last is not None:
             status.eval.CopyFrom(eval_result(c.evaluation.last))
+        if self.deadlines is not None:
+            status.seconds_since_step = self.deadlines.stalled(time.monotonic())
+            status.failure_reason = self.deadlines.reason  # type: ignore[assignment]
+        status.loop_blocked = self.loop_blocked()
         idle = self.idle()
         for name, (desired, ready, drained) in self.pools().items():
             pool = pb.PoolStatus(desired=desired, ready=ready, drained=drained, idle_fraction=idle.get(name, 0.0))

@@ -43,6 +43,7 @@ class RolloutClients:
 
     max_in_flight: int
     token: str | None = None  # the job's, sent on every call
+    request_timeout: float | None = None  # a Generate call's deadline: past it the replica is hung (lost)
     replicas: dict[str, Replica] = field(default_factory=dict)
     busy: BusyClock = field(default_factory=BusyClock)  # while any prompt is being generated
     _closing: set[asyncio.Future[None]] = field(default_factory=set)  # channels closing in the background
@@ -89,7 +90,7 @@ class RolloutClients:
             replica.in_flight += len(request.prompts)
         self.busy.begin()
         try:
-            async for response in replica.stub.Generate(request):
+            async for response in replica.stub.Generate(request, timeout=self.request_timeout):
                 # `completion`: a server that sends one sample per message
                 batch = [response.completion] if response.HasField("completion") else []
                 batch.extend(response.completions)
@@ -99,6 +100,12 @@ class RolloutClients:
             if exc.code() in REPLICA_LOST:
                 replica.alive = False
                 raise ReplicaLost(replica.name, exc.details() or exc.code().name) from None
+            if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED and self.request_timeout is not None:
+                # Alive, perhaps, but not generating: hung. Out of the pool (the supervisor replaces it), and
+                # the prompts go elsewhere, as for a replica that died.
+                replica.alive = False
+                detail = f"no answer within rollout.requestTimeoutSeconds ({self.request_timeout:g} s): hung"
+                raise ReplicaLost(replica.name, detail) from None
             raise
         except asyncio.CancelledError:
             # The call, not this task, was cancelled: `remove` closed the channel of a replica found hung

@@ -46,8 +46,13 @@ class JobPools:
         self.rollout: ActorPool = rollout_pool(configs, cpus["rollout"])
         self.rollout.interpreter = runtimes.runtime_env(plan.rollout_python)  # an engine's own runtime
         self.reward: ActorPool = reward_pool(configs, cpus["reward"])
-        self.clients = RolloutClients(configs.rollout.max_concurrent_prompts)
-        self.router = RewardRouter(replica_timeout=configs.controller.reward_timeout_seconds)
+        controller = configs.controller
+        self.clients = RolloutClients(
+            configs.rollout.max_concurrent_prompts, request_timeout=controller.rollout_request_timeout
+        )
+        self.router = RewardRouter(
+            replica_timeout=controller.reward_timeout_seconds, answer_deadline=controller.reward_answer_deadline
+        )
         self.actor_env: dict[str, str] | None = None  # each actor's own environment (a cluster's)
         self.trainer: RayTrainer | None = None
         self.weight_sync: WeightSync | None = None

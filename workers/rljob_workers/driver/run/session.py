@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from rljob_workers.driver.errors import first_line
 from rljob_workers.driver.placement.launcher import worker_env
 from rljob_workers.driver.placement.ray_node import init_local_ray, init_ray, shutdown_ray
 from rljob_workers.driver.pools.elastic import ElasticPool
-from rljob_workers.driver.run import summary
+from rljob_workers.driver.run import deadlines, summary
 from rljob_workers.driver.run.plan import RunPlan
 from rljob_workers.driver.run.pools import JobPools
 from rljob_workers.driver.run.rundir import job_token, lock_run_folders, starting_point
@@ -84,6 +84,8 @@ class RunSession:
         self.view: RunView | None = None
         self.controller: Controller | None = None
         self.plotting: asyncio.Future[Path] | None = None  # the reward curve, drawn during the shutdown
+        config = plan.configs.controller
+        self.deadlines = deadlines.Deadlines(config.progress_deadline_seconds, config.active_deadline_seconds)
 
     def trainer_lost_cause(self) -> str:
         """Why the trainer group was lost, for the restart's record."""
@@ -134,6 +136,7 @@ class RunSession:
 
     async def _run(self, prompts: Any, state: dict[str, Any], resume_dir: Path | None, token: str) -> int:
         started = time.monotonic()
+        self.deadlines.started = self.deadlines.last_progress = started  # the run's clocks start with its pools
         trainer = await self.pools.start(resume_dir)
         weight_sync = await self.pools.sync_first_weights(int(state.get("policy_version", 0)))
         counts = Counts(**state.get("counts", {}))
@@ -147,6 +150,8 @@ class RunSession:
             stop_requested=controller.stop,
             idle=self.telemetry.idle_fractions,
             history=self.history,
+            deadlines=self.deadlines,
+            loop_blocked=self._loop_blocked,
         )
         host = self.plan.serve_host
         port = self.telemetry.metrics.serve(self.plan.metrics_port, host)
@@ -205,6 +210,7 @@ class RunSession:
         self.history.replaced(restart, self.controller.step if self.controller else 0)
 
     def _on_step(self, report: StepReport) -> None:
+        self.deadlines.progressed(time.monotonic())
         self.reports.append(report)
         if self.step_hook is not None:
             self.step_hook(self, report)
@@ -216,13 +222,22 @@ class RunSession:
         """Run the controller to its end beside the display tick, elastic scaling and supervision; the exit
         code."""
         with self.telemetry.progress, self.telemetry.running():  # leaving it, the sample logs are written
+            run = asyncio.create_task(controller.run(), name="controller")
             background = [
                 asyncio.create_task(self.telemetry.tick(view.snapshot, self._elastic_sizes)),
                 *(asyncio.create_task(elastic.run()) for elastic in self.elastic),
                 asyncio.create_task(supervise(self.supervisors, self.trainer_watch, controller.fail)),
+                asyncio.create_task(
+                    deadlines.watch(
+                        self.deadlines, self._waiting_on, self._past_deadline, _cancelling(run), self.plan.stop_timeout
+                    )
+                ),
             ]
             try:
-                await controller.run()
+                await _controller_run(run, self.deadlines)
+                if self.deadlines.reason:  # the active deadline's graceful stop
+                    view.phase = control_pb.RUN_PHASE_FAILED
+                    return 1
                 if self.signals.signal is not None:
                     view.message = f"stopped by {self.signals.signal.name} at step {controller.step}"
                     return self.signals.exit_code
@@ -232,8 +247,41 @@ class RunSession:
                 view.phase, view.message = control_pb.RUN_PHASE_FAILED, first_line(exc) or type(exc).__name__
                 return await failed_run_exit_code(exc, self.trainer_watch)  # `rljob run` restarts a lost trainer
             finally:
-                for task in background:
+                for task in [*background, run]:
                     task.cancel()
+
+    def _past_deadline(self, reason: int, message: str) -> None:
+        """A deadline passed: the active one stops the run as SIGTERM would (a checkpoint of the step); no
+        progress fails it at once (a step that cannot finish has nothing to save)."""
+        assert self.controller is not None and self.view is not None
+        self.view.message = message
+        if reason == control_pb.FAILURE_REASON_ACTIVE_DEADLINE:
+            self.view.phase = control_pb.RUN_PHASE_STOPPING
+            self.controller.stop.set()
+        else:
+            self.controller.fail(message)
+
+    def _waiting_on(self) -> str:
+        """What the run waits on now, for a deadline's message."""
+        pools, parts = self.pools, []
+        generating = {r.name: r.in_flight for r in pools.clients.replicas.values() if r.in_flight}
+        if generating:
+            parts.append("prompts generating on " + ", ".join(f"{n} ({k})" for n, k in sorted(generating.items())))
+        router = pools.router.stats()
+        scoring = {n: r.outstanding for n, r in router.replicas.items() if r.outstanding}
+        if scoring:
+            parts.append("samples scored on " + ", ".join(f"{n} ({k})" for n, k in sorted(scoring.items())))
+        if router.waiting:
+            parts.append(f"{router.waiting} sample(s) waiting for a reward replica")
+        if self.controller is not None and self.controller.episodes is not None:
+            parts.append(f"{self.controller.episodes.in_flight} episode(s) in flight")
+        return "; ".join(parts) or "the trainer"
+
+    def _loop_blocked(self) -> str:
+        """The newest report of a replica whose event loop was blocked in the last minute, from the supervisors'
+        pings ('' once a minute has passed without one)."""
+        when, report = max((s.blocked for s in self.supervisors), key=lambda b: b[0], default=(0.0, ""))
+        return report if time.monotonic() - when < 60.0 else ""
 
     def _elastic_sizes(self) -> dict[str, tuple[int, int, int]]:
         return {elastic.name: (elastic.backlog(), elastic.desired, elastic.ready()) for elastic in self.elastic}
@@ -282,3 +330,21 @@ class RunSession:
                     await self.plotting
                 except Exception as exc:  # the run's outcome stands: only its picture is missing
                     log.warning("reward curve not drawn: %s: %s", type(exc).__name__, exc)
+
+
+def _cancelling(task: asyncio.Task[None]) -> Callable[[], Awaitable[None]]:
+    async def cancel() -> None:
+        task.cancel()
+
+    return cancel
+
+
+async def _controller_run(run: asyncio.Task[None], passed: deadlines.Deadlines) -> None:
+    """Await the controller; a run the deadline watch had to cancel (a call that never returned) failed."""
+    try:
+        await run
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if passed.reason and run.cancelled() and not (current is not None and current.cancelling()):
+            raise RunFailed("the run did not stop after its deadline passed; cancelled") from None
+        raise

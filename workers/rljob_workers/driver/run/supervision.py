@@ -107,23 +107,29 @@ async def ping(actor: Any) -> str | None:
 async def settled_ping(actor: Any, deadline: float) -> str | None:
     """`ping` asked again while the actor neither answers nor is known dead, until `deadline` (monotonic).
     For a run that has already failed: right after a kill, Ray's call fails with ActorUnavailableError and
-    only later, once the death is published, with ActorDiedError."""
+    only later, once the death is published, with ActorDiedError. An actor silent until the deadline is taken
+    for lost all the same (on a loaded machine Ray's word came later than that, CI saw; and a hung rank is as
+    good as a dead one to a run that must restart its trainer)."""
+    started = time.monotonic()
     while True:
-        answered, cause = await _ask(actor, max(0.1, min(PING_TIMEOUT, deadline - time.monotonic())))
-        if answered or cause is not None or time.monotonic() >= deadline:
+        answered, cause, _ = await _ask(actor, max(0.1, min(PING_TIMEOUT, deadline - time.monotonic())))
+        if answered or cause is not None:
             return cause
+        if time.monotonic() >= deadline:
+            return f"it answered no ping for {time.monotonic() - started:.0f} s after the run failed"
         await asyncio.sleep(0.2)
 
 
-async def _ask(actor: Any, timeout: float) -> tuple[bool, str | None]:
-    """One call to the actor: (it answered, why it is dead where Ray says it died)."""
+async def _ask(actor: Any, timeout: float, method: str = "pod_name") -> tuple[bool, str | None, Any]:
+    """One call to the actor's cheap `method`: (it answered, why it is dead where Ray says it died, the
+    answer)."""
     try:
-        await asyncio.wait_for(actor.pod_name.remote(), timeout)
+        answer = await asyncio.wait_for(getattr(actor, method).remote(), timeout)
     except (asyncio.TimeoutError, ray.exceptions.ActorUnavailableError):
-        return False, None
+        return False, None, None
     except ray.exceptions.RayActorError:
-        return False, "its process died"
-    return True, None
+        return False, "its process died", None
+    return True, None, answer
 
 
 @dataclass
@@ -139,6 +145,7 @@ class PoolSupervisor:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # shared with whatever else resizes the pool
     hung_after: float = float("inf")  # seconds without an answer to any ping that make a replica lost
     restarts: list[Restart] = field(default_factory=list)
+    blocked: tuple[float, str] = (0.0, "")  # the newest report of a replica's blocked event loop: when, what
     _seen_alive: float = field(default_factory=time.monotonic)
     _answered: dict[str, float] = field(default_factory=dict)  # by replica: when it last answered a ping
 
@@ -155,10 +162,15 @@ class PoolSupervisor:
         actor = self.pool.actors.get(name)
         if actor is None:
             return None
-        answered, cause = await _ask(actor, min(PING_TIMEOUT, self.hung_after))
+        # The ping asks the replica whether its event loop was blocked since (common.loop_watch): the answer is
+        # logged and kept for the status.
+        answered, cause, report = await _ask(actor, min(PING_TIMEOUT, self.hung_after), "loop_blocked")
         now = time.monotonic()
         if answered:
             self._answered[name] = now
+            if report:
+                self.blocked = (now, f"{self.pool.pool} replica {name}: {report}")
+                log.warning("%s", self.blocked[1])
         elif cause is None and now - self._answered.setdefault(name, now) >= self.hung_after:
             # Alive to Ray, answering nothing (a SIGSTOPped process, a wedged event loop): hung, and lost.
             cause = f"it answered no ping for {now - self._answered[name]:.0f} s (spec.supervision.hungAfterSeconds)"

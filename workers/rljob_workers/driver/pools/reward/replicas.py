@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 
 import grpc
@@ -16,6 +17,8 @@ from rljob_workers.driver.pools.slots import SlotQueue
 
 # Used when a replica's Info reports no limit (0): a generous bound that still keeps one replica from taking all.
 DEFAULT_MAX_IN_FLIGHT = 64
+
+log = logging.getLogger(__name__)
 
 
 class ReplicaUnavailableError(ConnectionError):
@@ -29,9 +32,13 @@ class ReplicaLost(Exception):
 class ReplicaSet:
     """Reward replicas by name, their streams and their slots; the router's base."""
 
-    def __init__(self, *, token: str | None, info_timeout: float) -> None:
+    def __init__(self, *, token: str | None, info_timeout: float, answer_deadline: float | None = None) -> None:
         self.token = token  # the job's, sent on every stream
         self.info_timeout = info_timeout
+        # A sample unanswered this long after it was written: its replica is hung (a stream it accepts and never
+        # answers, an event loop blocked), taken out like a dead one, its samples sent elsewhere.
+        self.answer_deadline = answer_deadline
+        self._watchdog: asyncio.Task[None] | None = None
         self._replicas: dict[str, ReplicaStream] = {}
         self._changed = asyncio.Event()
         self._slots = SlotQueue()
@@ -58,7 +65,20 @@ class ReplicaSet:
         replica = ReplicaStream(name, address, ch, limit, self._lose, batch_limit=max(1, info.max_samples_per_message))
         replica.reader = asyncio.create_task(self._read(replica), name=f"reward-router-{name}")
         self._replicas[name] = replica
+        if self.answer_deadline is not None and (self._watchdog is None or self._watchdog.done()):
+            self._watchdog = asyncio.create_task(self._watch_answers(self.answer_deadline), name="reward-watchdog")
         self._notify()
+
+    async def _watch_answers(self, deadline: float) -> None:
+        """Lose every replica whose oldest outstanding sample has waited past `deadline` seconds."""
+        while not self._closed:
+            await asyncio.sleep(max(0.2, min(5.0, deadline / 10)))
+            now = time.monotonic()
+            for replica in list(self._replicas.values()):
+                late = [(entry.sent_at, sid) for sid, entry in replica.outstanding.items()]
+                if replica.alive and late and now - min(late)[0] > deadline:
+                    waited, sid = now - min(late)[0], min(late)[1]
+                    self._lose(replica, f"sample {sid!r} unanswered for {waited:.0f} s (over {deadline:g} s): hung")
 
     async def remove_replica(self, name: str, timeout: float | None = None) -> int:
         """Drain a replica: no new samples; in-flight ones finish (or, after `timeout`, go elsewhere).
@@ -136,6 +156,8 @@ class ReplicaSet:
         """Take a replica out and fail its outstanding samples over to their `score()` calls."""
         if not replica.alive:
             return
+        if not self._closed:
+            log.warning("reward replica %s at %s lost: %s", replica.name, replica.address, reason)
         replica.alive = False
         if self._replicas.get(replica.name) is replica:
             del self._replicas[replica.name]
@@ -167,6 +189,8 @@ class ReplicaSet:
     async def close(self) -> None:
         """Close every stream; samples still waiting raise RuntimeError."""
         self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         self._notify()  # waiters raise, even with no replica left to lose
         replicas = list(self._replicas.values())
         for replica in replicas:

@@ -46,8 +46,9 @@ class RewardRouter(ReplicaSet):
         info_timeout: float = 10.0,
         max_sample_bytes: int = MAX_SAMPLE_BYTES,
         token: str | None = None,
+        answer_deadline: float | None = None,
     ) -> None:
-        super().__init__(token=token, info_timeout=info_timeout)
+        super().__init__(token=token, info_timeout=info_timeout, answer_deadline=answer_deadline)
         self.replica_timeout = replica_timeout
         # A request over the replica's message limit would fail its whole stream, and every sample in
         # flight on it: refuse such a sample up front, naming it.
