@@ -50,6 +50,7 @@ def test_grpo_is_the_behaviour_before_presets() -> None:
         ("rloo", {"advantageEstimator": "leave-one-out", "scaleRewardsByStd": False}),
         ("reinforce_pp", {"advantageEstimator": "batch-normalized", "klIn": "reward", "klEstimator": "k1"}),
         ("reinforce_pp", {"klCoef": 0.01}),
+        ("reinforce_pp_baseline", {"advantageEstimator": "group-mean-batch-normalized", "klIn": "loss"}),
     ],
 )
 def test_each_preset_sets_its_papers_settings(name: str, expected: dict[str, Any]) -> None:
@@ -116,7 +117,7 @@ def _invalid(example_doc: dict, **algorithm: Any) -> str:
             {"dynamicSampling": {"maxExtraGroups": 5}},
             "spec.algorithm.dynamicSampling.maxExtraGroups: applies only with dynamicSampling.enabled",
         ),
-        ({"name": "ppo"}, "spec.algorithm.name: 'ppo' is not one of 'grpo', 'dr_grpo', 'dapo', 'gspo', 'rloo' or"),
+        ({"name": "ppo"}, "spec.algorithm.name: 'ppo' is not one of 'grpo', 'dr_grpo', 'dapo', 'gspo', 'rloo', "),
         ({"ratioLevel": "word"}, "spec.algorithm.ratioLevel: 'word' is not one of 'token' or 'sequence'"),
         ({"klEstimator": "k4"}, "spec.algorithm.klEstimator: 'k4' is not one of 'k1', 'k2' or 'k3'"),
         ({"overlong": {"bufferTokens": 0}}, "spec.algorithm.overlong.bufferTokens: Input should be greater than"),
@@ -143,13 +144,14 @@ def test_each_rule_has_a_cel_twin_that_the_api_server_checks() -> None:
 def test_the_reference_lists_every_setting_its_default_per_preset_and_its_paper() -> None:
     text = reference_markdown()
     table = text[text.index("## Algorithm presets") : text.index("## Status")]
-    assert "| setting | `grpo` | `dr_grpo` | `dapo` | `gspo` | `rloo` | `reinforce_pp` | from |" in table
+    header = "| setting | `grpo` | `dr_grpo` | `dapo` | `gspo` | `rloo` | `reinforce_pp` | `reinforce_pp_baseline` | from |"
+    assert header in table
     for path in SETTINGS:
         assert f"| `{path}` |" in table, path
     assert "| `clipHigh` | `0.2` | `0.2` | `0.28` | `0.0004` | `0.2` | `0.2` |" in table
     for paper in ("2402.03300", "2503.20783", "2503.14476", "2507.18071", "2402.14740", "2501.03262"):
         assert paper in table
-    assert len(PRESETS) == 6
+    assert len(PRESETS) == 7
 
 
 def test_rljob_validate_prints_the_algorithm_the_job_will_run(

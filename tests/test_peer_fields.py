@@ -23,6 +23,8 @@ RLJOB = str(Path(sys.executable).parent / "rljob")
         ("algorithm", "num_generations", "spec.algorithm.groupSize", "TRL's num_generations"),
         ("algorithm", "kl_loss_coef", "spec.algorithm.klCoef", "verl's actor.kl_loss_coef"),
         ("rollout", "max_completion_length", "spec.rollout.sampling.maxNewTokens", "TRL's max_completion_length"),
+        ("algorithm", "ppo_epochs", "spec.algorithm.updateEpochs", "verl's actor.ppo_epochs"),
+        ("algorithm", "warmup_steps", "spec.algorithm.schedule.warmupSteps", "TRL's warmup_steps"),
     ],
 )
 def test_a_peers_setting_name_is_refused_with_the_rljob_field(

@@ -83,6 +83,25 @@ class RolloutCorrectionSpec(Model):
     high: float = Field(2.0, description="tis: the cap of r; icepop: the most r a token keeps its loss at.", ge=1)
 
 
+class LearningRateSchedule(Model):
+    """The learning rate over the run, per optimizer step (a train step makes miniBatches × updateEpochs of them),
+    as transformers' schedulers define it (TRL's lr_scheduler_type, warmup_steps): a linear warmup from 0 over
+    warmupSteps, then constant, a linear decay to 0, or a cosine decay to minRatio × learningRate (verl's
+    warmup_style cosine and min_lr_ratio) at the run's last optimizer step."""
+
+    kind: Literal["constant", "linear", "cosine"] = Field("constant", description="constant, linear or cosine.")
+    warmup_steps: int = Field(0, description="Optimizer steps of linear warmup from 0 (verl's lr_warmup_steps).", ge=0)
+    min_ratio: float = Field(
+        0.0, description="cosine: the learning rate at the end, as a fraction of learningRate.", ge=0, le=1
+    )
+
+    @model_validator(mode="after")
+    def _min_ratio_is_cosines(self) -> LearningRateSchedule:
+        if self.min_ratio and self.kind != "cosine":
+            raise FieldRuleError("minRatio", f"applies to kind cosine only, not {self.kind}")
+        return self
+
+
 class _AlgorithmCore(Model):
     """What every algorithm has, whatever its preset."""
 
@@ -96,7 +115,35 @@ class _AlgorithmCore(Model):
     prompts_per_step: int = Field(32, description="Prompt groups per train step.", ge=1, le=65536)
     mini_batches: int = Field(1, description="Optimizer steps per train step; must divide promptsPerStep.", ge=1)
     total_steps: int = Field(100, description="Train steps of the run.", ge=1)
-    learning_rate: float = Field(1e-6, description="Adam learning rate.", gt=0)
+    learning_rate: float = Field(1e-6, description="Adam learning rate (the schedule's peak).", gt=0)
+    schedule: LearningRateSchedule = Field(
+        default_factory=LearningRateSchedule, description="The learning rate over the run (warmup, decay)."
+    )
+    update_epochs: int = Field(
+        1,
+        description=(
+            "Passes over each step's batch, each of miniBatches optimizer steps, the ratio always against the "
+            "sampler's log-probs (verl's ppo_epochs, TRL's num_iterations)."
+        ),
+        ge=1,
+        le=64,
+    )
+    entropy_coef: float = Field(
+        0.0,
+        description=(
+            "Weight of an entropy bonus: the loss less entropyCoef × the policy's entropy on the batch's tokens, "
+            "aggregated as the policy loss is (verl's entropy_coeff)."
+        ),
+        ge=0,
+    )
+    clip_ratio_c: float | None = Field(
+        None,
+        description=(
+            "Dual-clip PPO (Ye et al. 2020; verl's clip_ratio_c, 3.0 there): a token with a negative advantage "
+            "loses at most clipRatioC × |A|, however large its ratio. Unset: off."
+        ),
+        gt=1,
+    )
     weight_decay: float = Field(0.0, description="AdamW weight decay.", ge=0)
     max_grad_norm: float = Field(1.0, description="Gradient clipping norm; 0 disables it.", ge=0)
     max_staleness: int = Field(

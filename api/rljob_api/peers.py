@@ -44,6 +44,14 @@ PEER_FIELDS: dict[str, tuple[str, str]] = {
     "nnodes": ("spec.trainer.nodes", "verl's trainer.nnodes"),
     "save_freq": ("spec.checkpoint.everySteps", "verl's trainer.save_freq"),
     "test_freq": ("spec.data.eval.everySteps", "verl's trainer.test_freq"),
+    "ppo_epochs": ("spec.algorithm.updateEpochs", "verl's actor.ppo_epochs"),
+    "num_iterations": ("spec.algorithm.updateEpochs", "TRL's num_iterations"),
+    "entropy_coeff": ("spec.algorithm.entropyCoef", "verl's actor.entropy_coeff"),
+    "lr_warmup_steps": ("spec.algorithm.schedule.warmupSteps", "verl's actor.optim.lr_warmup_steps"),
+    "warmup_steps": ("spec.algorithm.schedule.warmupSteps", "TRL's warmup_steps"),
+    "warmup_style": ("spec.algorithm.schedule.kind", "verl's actor.optim.warmup_style"),
+    "lr_scheduler_type": ("spec.algorithm.schedule.kind", "TRL's lr_scheduler_type"),
+    "min_lr_ratio": ("spec.algorithm.schedule.minRatio", "verl's actor.optim.min_lr_ratio"),
 }
 
 

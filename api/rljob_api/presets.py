@@ -9,9 +9,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-Preset = Literal["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp"]
+Preset = Literal["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp", "reinforce_pp_baseline"]
 PRESETS: tuple[Preset, ...] = get_args(Preset)
-AdvantageEstimator = Literal["group-relative", "leave-one-out", "batch-normalized"]
+AdvantageEstimator = Literal["group-relative", "leave-one-out", "batch-normalized", "group-mean-batch-normalized"]
 LossAggregation = Literal["token-mean", "sequence-mean", "token-sum-norm"]
 RatioLevel = Literal["token", "sequence"]
 KLEstimator = Literal["k1", "k2", "k3"]
@@ -24,6 +24,7 @@ PAPERS: Mapping[str, str] = {
     "GSPO": "Zheng et al. 2025, Group Sequence Policy Optimization, arXiv:2507.18071",
     "RLOO": "Ahmadian et al. 2024, Back to Basics, arXiv:2402.14740",
     "REINFORCE++": "Hu 2025, REINFORCE++, arXiv:2501.03262",
+    "REINFORCE++-baseline": "Hu 2025, REINFORCE++ (its group-mean baseline; verl's reinforce_plus_plus_baseline)",
     "KL estimators": "Schulman 2020, Approximating KL Divergence (k1, k2, k3)",
 }
 PRESET_PAPER: Mapping[Preset, str] = {
@@ -33,6 +34,7 @@ PRESET_PAPER: Mapping[Preset, str] = {
     "gspo": "GSPO",
     "rloo": "RLOO",
     "reinforce_pp": "REINFORCE++",
+    "reinforce_pp_baseline": "REINFORCE++-baseline",
 }
 
 
@@ -74,12 +76,21 @@ TEN_STEPS_OF_GROUPS = Derived("10 × promptsPerStep", lambda job: 10 * job["prom
 # trains with the defaults it was written against.
 SETTINGS: Mapping[str, Setting] = {
     "advantageEstimator": _row(
-        "group-relative: GRPO; leave-one-out: RLOO; batch-normalized: REINFORCE++",
+        "group-relative: GRPO; leave-one-out: RLOO; batch-normalized: REINFORCE++; group-mean-batch-normalized: "
+        "REINFORCE++-baseline",
         "group-relative",
         rloo="leave-one-out",
         reinforce_pp="batch-normalized",
+        reinforce_pp_baseline="group-mean-batch-normalized",
     ),
-    "scaleRewardsByStd": _row("GRPO (true), Dr. GRPO (false)", True, dr_grpo=False, rloo=False, reinforce_pp=False),
+    "scaleRewardsByStd": _row(
+        "GRPO (true), Dr. GRPO (false)",
+        True,
+        dr_grpo=False,
+        rloo=False,
+        reinforce_pp=False,
+        reinforce_pp_baseline=False,
+    ),
     "lossAggregation": _row(
         "token-mean: DAPO; sequence-mean: GRPO, GSPO; token-sum-norm: Dr. GRPO",
         "token-mean",
@@ -90,7 +101,12 @@ SETTINGS: Mapping[str, Setting] = {
     "ratioLevel": _row("sequence: GSPO", "token", gspo="sequence"),
     "clipLow": _row("PPO; GSPO's sequence clip range", 0.2, gspo=3e-4),
     "clipHigh": _row("DAPO (clip-higher); GSPO's sequence clip range", 0.2, dapo=0.28, gspo=4e-4),
-    "klCoef": _row("GRPO (in the loss), REINFORCE++ (in the reward)", 0.0, reinforce_pp=0.01),
+    "klCoef": _row(
+        "GRPO (in the loss), REINFORCE++ (in the reward), REINFORCE++-baseline (verl's kl_loss_coef, in the loss)",
+        0.0,
+        reinforce_pp=0.01,
+        reinforce_pp_baseline=0.001,
+    ),
     "klEstimator": _row("KL estimators; k3 is GRPO's, k1 REINFORCE++'s", "k3", reinforce_pp="k1"),
     "klIn": _row("loss: GRPO; reward: REINFORCE++", "loss", reinforce_pp="reward"),
     "dynamicSampling.enabled": _row("DAPO", False, dapo=True),

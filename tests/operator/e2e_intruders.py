@@ -131,6 +131,8 @@ def _run(cluster: Cluster, pod: dict[str, Any]) -> dict[str, list[str]]:
     )
     out = cluster.kubectl("logs", "-n", namespace, name).stdout
     assert out.strip(), cluster.kubectl("describe", "pod", "-n", namespace, name).stdout
+    # gone before the job is deleted: one wearing the job's label is no child of it, and would stay
+    cluster.kubectl("delete", "pod", name, "-n", namespace, "--wait=true", "--timeout=50s")
     result: dict[str, list[str]] = json.loads(out.strip().splitlines()[-1])
     print(f"intruder {namespace}/{name}:", json.dumps(result, indent=1), flush=True)
     return result

@@ -106,6 +106,24 @@ def entropy_sum(logits: Tensor, mask: Tensor, temperature: float = 1.0, chunk_ro
     return float(total)
 
 
+def token_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Entropy ``[B, T]`` of ``softmax(logits / temperature)`` at each position, with its gradient (the entropy
+    bonus's; `entropy_sum` measures without one). ``logits`` ``[B, T, V]``; padding positions hold whatever
+    their logits give, for the caller's mask to drop."""
+    log_p = torch.log_softmax(logits.float() / temperature, dim=-1)
+    return -(log_p.exp() * log_p).sum(-1)
+
+
+def _clipped_surrogate(
+    ratio: Tensor, adv: Tensor, clip_low: float, clip_high: float, clip_ratio_c: float | None
+) -> Tensor:
+    """``-min(ρA, clip(ρ) A)`` per token; with dual-clip, at most ``-clip_ratio_c · A`` where ``A < 0``."""
+    surrogate = -torch.minimum(ratio * adv, ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv)
+    if clip_ratio_c is not None:
+        surrogate = torch.where(adv < 0, torch.minimum(surrogate, -clip_ratio_c * adv), surrogate)
+    return surrogate
+
+
 def policy_loss(
     logprobs: Tensor,
     behaviour_logprobs: Tensor,
@@ -118,6 +136,7 @@ def policy_loss(
     norm_tokens: float | None = None,
     ratio_level: RatioLevel = "token",
     token_weights: Tensor | None = None,
+    clip_ratio_c: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped PPO/GRPO surrogate, ``-min(ρA, clip(ρ, 1 - clip_low, 1 + clip_high) A)``.
 
@@ -135,6 +154,9 @@ def policy_loss(
     rollout correction's (see `correction.py`, which also passes the proximal log-probs as
     ``behaviour_logprobs``, the policy the ratio is taken against).
 
+    ``clip_ratio_c`` is dual-clip PPO's (Ye et al. 2020, as verl's clip_ratio_c): where ``A < 0`` the loss is
+    at most ``-clip_ratio_c · A``, so a token whose ratio has run far above 1 cannot dominate the step.
+
     Metrics, detached 0-dim tensors: ``clip_fraction`` (tokens whose gradient the clip
     cut), ``approx_kl`` (k3 estimate of KL(behaviour || policy)) and ``ratio_mean``.
     """
@@ -147,9 +169,7 @@ def policy_loss(
         raise ValueError(f"ratio_level must be token or sequence, got {ratio_level!r}")
     log_ratio = log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
     ratio = torch.exp(log_ratio)
-    unclipped = ratio * adv
-    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv
-    surrogate = -torch.minimum(unclipped, clipped)
+    surrogate = _clipped_surrogate(ratio, adv, clip_low, clip_high, clip_ratio_c)
     if token_weights is not None:
         surrogate = surrogate * token_weights
     loss = aggregate(surrogate, mask, aggregation, norm_tokens)
@@ -242,6 +262,7 @@ def grpo_loss(
     norm_tokens: float | None = None,
     ratio_level: RatioLevel = "token",
     token_weights: Tensor | None = None,
+    clip_ratio_c: float | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``policy_loss + kl_coef * kl_penalty`` with the same aggregation for both.
 
@@ -259,6 +280,7 @@ def grpo_loss(
         norm_tokens=norm_tokens,
         ratio_level=ratio_level,
         token_weights=token_weights,
+        clip_ratio_c=clip_ratio_c,
     )
     metrics["policy_loss"] = loss.detach()
     if kl_coef == 0.0:

@@ -18,19 +18,14 @@ from torch import Tensor
 from rljob_api.workercfg import TrainerWorkerConfig
 from rljob_workers.common.device import resolve_dtype
 from rljob_workers.common.freeze import frozen_names
+from rljob_workers.trainer.batch_whiten import whitened_token_advantages
 from rljob_workers.trainer.correction import correction_weights, mismatch
-from rljob_workers.trainer.grpo import (
-    entropy_sum,
-    grpo_loss,
-    kl_folded_returns,
-    kl_per_token,
-    moments,
-    token_logprobs,
-    whiten,
-)
+from rljob_workers.trainer.grpo import aggregate, entropy_sum, grpo_loss, token_entropy, token_logprobs
 from rljob_workers.trainer.microbatch import collate
+from rljob_workers.trainer.optimizer_state import load_optimizer, save_optimizer, save_optimizer_shard
 from rljob_workers.trainer.past_versions import PastVersions
-from rljob_workers.trainer.samples import TrainSample
+from rljob_workers.trainer.samples import WHITENED_ESTIMATORS, TrainSample
+from rljob_workers.trainer.schedule import Schedule
 
 
 def freeze_parameters(model: torch.nn.Module, patterns: Sequence[str]) -> frozenset[str]:
@@ -51,10 +46,6 @@ def largest_part_sizes(total_samples: int, world_size: int, mini_batches: int) -
     """
     largest = -(-total_samples // world_size)
     return [max(-(-(largest - mini) // mini_batches), 0) for mini in range(mini_batches)]
-
-
-OPTIMIZER_FILE = "optimizer.pt"  # unsharded: one file, rank 0 writes it
-OPTIMIZER_SHARDS = "optimizer"  # sharded: a torch.distributed.checkpoint folder, every rank writes its shard
 
 
 class PolicyTrainer:
@@ -102,6 +93,8 @@ class PolicyTrainer:
             lr=self.algo.learning_rate,
             weight_decay=self.algo.weight_decay,
         )
+        updates = self.algo.total_steps * self.algo.mini_batches * self.algo.update_epochs
+        self.schedule = Schedule(self.optimizer, self.algo.schedule, updates)
 
     @staticmethod
     def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -157,10 +150,10 @@ class PolicyTrainer:
         if len(samples) > -(-total_samples // self.world_size):
             raise ValueError(f"{len(samples)} samples on one rank of {self.world_size} for a batch of {total_samples}")
         sums: dict[str, float] = {}
-        if self.algo.advantage_estimator == "batch-normalized":
+        if self.algo.advantage_estimator in WHITENED_ESTIMATORS:
             samples = self._batch_normalized(samples, total_tokens, sums)
-        minis, micro_size = self.algo.mini_batches, self.config.micro_batch_size
-        if minis > 1 and self.algo.rollout_correction.mode != "none":
+        minis, epochs, micro_size = self.algo.mini_batches, self.algo.update_epochs, self.config.micro_batch_size
+        if (minis > 1 or epochs > 1) and self.algo.rollout_correction.mode != "none":
             samples = self._with_proximal(samples)  # later mini-batches come after updates
         self._mismatch = [0.0, 0.0, 0.0]  # sum, max, tokens: of the first mini-batch, before any update
         self._measure_stale_mismatch(samples)
@@ -168,19 +161,22 @@ class PolicyTrainer:
         self.model.train()
         scale_samples = total_samples / minis
         scale_tokens = max(total_tokens / minis, 1.0)
-        for mini, largest in enumerate(largest_part_sizes(total_samples, self.world_size, minis)):
-            part = list(samples[mini::minis])
-            self.optimizer.zero_grad(set_to_none=True)
-            for start in range(0, largest, micro_size):
-                micro = part[start : start + micro_size]
-                if micro:
-                    self._accumulate(micro, scale_samples, scale_tokens, sums, before_updates=mini == 0)
-                else:
-                    self._accumulate_padding()
-            sums["grad_norm"] = sums.get("grad_norm", 0.0) + self._clip_and_step()
+        for epoch in range(epochs):  # each pass over the whole batch, its ratio against the sampler's log-probs
+            for mini, largest in enumerate(largest_part_sizes(total_samples, self.world_size, minis)):
+                part = list(samples[mini::minis])
+                first = epoch == 0 and mini == 0
+                self.optimizer.zero_grad(set_to_none=True)
+                for start in range(0, largest, micro_size):
+                    micro = part[start : start + micro_size]
+                    if micro:
+                        self._accumulate(micro, scale_samples, scale_tokens, sums, before_updates=first)
+                    else:
+                        self._accumulate_padding()
+                sums["grad_norm"] = sums.get("grad_norm", 0.0) + self._clip_and_step()
         total, largest_gap, tokens = self._mismatch
         return {
-            **{k: v / minis for k, v in sums.items()},
+            **{k: v / (minis * epochs) for k, v in sums.items()},
+            "learning_rate": float(self.optimizer.param_groups[0]["lr"]),  # the step's last update's
             "logprob_mismatch_sum": total,
             "logprob_mismatch_max": largest_gap,
             "logprob_mismatch_tokens": tokens,
@@ -202,39 +198,27 @@ class PolicyTrainer:
                 out.append(replace(sample, proximal_logprobs=values))
         return out
 
-    @torch.no_grad()
     def _batch_normalized(self, samples: Sequence[TrainSample], total_tokens: int, sums: dict) -> list[TrainSample]:
-        """REINFORCE++: each sample's per-token return (its reward, less klCoef × the KL to come from each token
-        on with klIn reward), normalised over the tokens of the whole batch, every rank's share of it."""
-        kl_coef = self.algo.kl_coef if self.algo.kl_in == "reward" else 0.0
-        parts = [
-            list(samples[i : i + self.config.micro_batch_size])
-            for i in range(0, len(samples), self.config.micro_batch_size)
-        ]
-        returns, kl_sum = [], 0.0
-        for part in parts:
-            batch = collate(part, self.pad_id, self.device)
-            kl = torch.zeros_like(batch["mask"])
-            if kl_coef > 0 and self.reference is not None:
-                # π_old is the sampler's (behaviour) policy: the KL of what was generated to the reference
-                kl = kl_per_token(
-                    batch["behaviour"], self._logprobs(self.reference, batch), batch["mask"], self.algo.kl_estimator
-                )
-                kl_sum += float(kl.sum())
-            returns.append((kl_folded_returns(batch["advantages"], kl, batch["mask"], kl_coef), batch["mask"]))
-        totals = sum((moments(r, m) for r, m in returns), torch.zeros(3, dtype=torch.float64, device=self.device))
-        if self.world_size > 1:
-            torch.distributed.all_reduce(totals)
+        """REINFORCE++ (and its group-mean baseline): per-token advantages whitened over the whole batch."""
+        kl_coef = self.algo.kl_coef if self.algo.kl_in == "reward" and self.reference is not None else 0.0
+        reference = self.reference
+
+        def reference_logprobs(batch: dict[str, Tensor]) -> Tensor:
+            assert reference is not None
+            return self._logprobs(reference, batch)
+
+        whitened, kl_sum = whitened_token_advantages(
+            samples,
+            collate=lambda part: collate(part, self.pad_id, self.device),
+            micro_size=self.config.micro_batch_size,
+            kl_coef=kl_coef,
+            kl_estimator=self.algo.kl_estimator,
+            reference_logprobs=reference_logprobs,
+            world_size=self.world_size,
+        )
         if kl_coef > 0:
             sums["kl_reward"] = kl_sum / max(total_tokens, 1)  # the ranks' figures add up to the batch's mean
-        out = []
-        for part, (part_returns, mask) in zip(parts, returns, strict=True):
-            advantages = whiten(part_returns, mask, totals)
-            for row, sample in enumerate(part):
-                start = len(sample.prompt_token_ids) - 1
-                values = advantages[row, start : start + len(sample.token_ids)].tolist()
-                out.append(replace(sample, token_advantages=values))
-        return out
+        return whitened
 
     def _accumulate_padding(self) -> None:
         """A forward/backward of weight 0, so that this rank joins the other ranks' collectives.
@@ -260,15 +244,37 @@ class PolicyTrainer:
         # The sampler's entropy per response token; micro-batches' and ranks' shares add up to the batch's mean.
         entropy = entropy_sum(logits, batch["mask"], self.config.temperature) * weight_scale / per_tokens
         sums["entropy"] = sums.get("entropy", 0.0) + entropy
+        bonus = None
+        if self.algo.entropy_coef > 0:  # with its gradient, aggregated as the policy loss is
+            per_token = token_entropy(logits, self.config.temperature)
+            bonus = aggregate(per_token, batch["mask"], self.algo.loss_aggregation, self.algo.loss_norm_tokens)
         del logits  # not kept through the backward
         ref = None
         if self.reference is not None and self.algo.kl_in == "loss":
             with torch.no_grad():
                 ref = self._logprobs(self.reference, batch)
-        # Before the step's first update this forward is the trainer's own view of the samples' version.
-        proximal = batch.get("proximal", logprobs.detach() if before_updates else None)
         if before_updates and weight_scale:
             self._measure_mismatch(logprobs, batch)
+        loss, metrics = self._loss(logprobs, batch, ref, before_updates)
+        if bonus is not None:
+            loss = loss - self.algo.entropy_coef * bonus
+        # Token-mean weighs a micro-batch by its tokens; the others average over completions first
+        if self.algo.loss_aggregation == "token-mean":
+            weight = float(batch["mask"].sum()) / per_tokens
+        else:
+            weight = len(micro) / per_samples
+        weight *= weight_scale
+        (loss * weight * self.world_size).backward()
+        for name, value in metrics.items():
+            sums[name] = sums.get(name, 0.0) + float(value) * weight
+
+    def _loss(
+        self, logprobs: Tensor, batch: dict[str, Tensor], ref: Tensor | None, before_updates: bool
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """The GRPO-family loss of a micro-batch, its ratio against the sampler's log-probs, or with a rollout
+        correction against the trainer's own at the step's start (proximal)."""
+        # Before the step's first update this forward is the trainer's own view of the samples' version.
+        proximal = batch.get("proximal", logprobs.detach() if before_updates else None)
         old, weights = batch["behaviour"], None
         correction = self.algo.rollout_correction
         if correction.mode != "none" and proximal is not None:
@@ -276,7 +282,7 @@ class PolicyTrainer:
                 proximal, batch["behaviour"], batch["mask"], correction.mode, correction.low, correction.high
             )
             old = proximal  # the ratio, clipped, against the trainer's own log-probs
-        loss, metrics = grpo_loss(
+        return grpo_loss(
             logprobs,
             old,
             batch["advantages"],
@@ -290,16 +296,8 @@ class PolicyTrainer:
             norm_tokens=self.algo.loss_norm_tokens,
             ratio_level=self.algo.ratio_level,
             token_weights=weights,
+            clip_ratio_c=self.algo.clip_ratio_c,
         )
-        # Token-mean weighs a micro-batch by its tokens; the others average over completions first
-        if self.algo.loss_aggregation == "token-mean":
-            weight = float(batch["mask"].sum()) / per_tokens
-        else:
-            weight = len(micro) / per_samples
-        weight *= weight_scale
-        (loss * weight * self.world_size).backward()
-        for name, value in metrics.items():
-            sums[name] = sums.get(name, 0.0) + float(value) * weight
 
     def _measure_mismatch(self, logprobs: Tensor, batch: dict[str, Tensor], lag: int = 0) -> None:
         """|engine log-prob - trainer log-prob| over the tokens of the batch's samples generated `lag` versions
@@ -321,6 +319,7 @@ class PolicyTrainer:
         norm = 0.0
         if self.algo.max_grad_norm > 0:
             norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.algo.max_grad_norm))
+        self.schedule.before_step()
         self.optimizer.step()
         return norm
 
@@ -355,26 +354,11 @@ class PolicyTrainer:
         policy.save_pretrained(directory / "model", state_dict=weights)
         self.tokenizer.save_pretrained(directory / "model")
         if not self.sharded:
-            torch.save(self.optimizer.state_dict(), directory / OPTIMIZER_FILE)
+            save_optimizer(self.optimizer, directory)
 
     def save_optimizer_shard(self, directory: Path) -> None:
-        """Every rank of a sharded policy: its own shard of the optimizer state, with
-        torch.distributed.checkpoint (rank 0 alone holds only its shards of a `fully_shard` model)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-        state = get_optimizer_state_dict(self.policy, self.optimizer)
-        dcp.save({"optimizer": state}, checkpoint_id=str(directory / OPTIMIZER_SHARDS))
+        """Every rank of a sharded policy: its own shard of the optimizer state (see optimizer_state.py)."""
+        save_optimizer_shard(self.policy, self.optimizer, directory)
 
     def load_optimizer(self, directory: Path) -> None:
-        if self.sharded and (directory / OPTIMIZER_SHARDS).is_dir():
-            import torch.distributed.checkpoint as dcp
-            from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
-
-            # get_optimizer_state_dict lays the state out first (AdamW makes it lazily), so load fills it
-            loaded = {"optimizer": get_optimizer_state_dict(self.policy, self.optimizer)}
-            dcp.load(loaded, checkpoint_id=str(directory / OPTIMIZER_SHARDS))
-            set_optimizer_state_dict(self.policy, self.optimizer, loaded["optimizer"])
-            return
-        state = torch.load(directory / OPTIMIZER_FILE, map_location=self.device, weights_only=True)
-        self.optimizer.load_state_dict(state)
+        load_optimizer(self.policy, self.optimizer, directory, sharded=self.sharded, device=self.device)

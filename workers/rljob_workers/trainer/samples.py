@@ -35,6 +35,12 @@ class TrainSample:
     loss_mask: list[int] | None = None
 
 
+# Advantages whitened over the batch's tokens by the trainer (REINFORCE++ and its group-mean baseline).
+WHITENED_ESTIMATORS = ("batch-normalized", "group-mean-batch-normalized")
+# Metrics every rank reports alike (the reduced gradients' norm, the schedule's learning rate): taken once.
+SAME_ON_EVERY_RANK = ("grad_norm", "learning_rate")
+
+
 def mean_and_std(values: Sequence[float]) -> tuple[float, float]:
     """The mean and population std (divide by n) of `values`; (0, 0) for none."""
     if not values:
@@ -92,13 +98,17 @@ def advantages(
     rewards: Sequence[float], group_ids: Sequence[Hashable], estimator: str, *, scale_by_std: bool = True
 ) -> list[float]:
     """Each sample's advantage under `estimator` (spec.algorithm.advantageEstimator). For batch-normalized
-    (REINFORCE++) it is the reward itself: the trainer folds in the KL and normalises over the batch."""
+    (REINFORCE++) it is the reward itself: the trainer folds in the KL and normalises over the batch; for
+    group-mean-batch-normalized (REINFORCE++-baseline, verl's reinforce_plus_plus_baseline) the reward less its
+    group's mean, which the trainer normalises over the batch."""
     if estimator == "group-relative":
         return group_advantages(rewards, group_ids, scale_by_std=scale_by_std)
     if estimator == "leave-one-out":
         return leave_one_out_advantages(rewards, group_ids)
     if estimator == "batch-normalized":
         return [float(r) for r in rewards]
+    if estimator == "group-mean-batch-normalized":  # the trainer whitens r - mean(group) over the batch
+        return group_advantages(rewards, group_ids, scale_by_std=False)
     raise ValueError(f"unknown advantage estimator {estimator!r}")
 
 
@@ -128,8 +138,9 @@ def combine_rank_metrics(per_rank: Sequence[Mapping[str, float]]) -> dict[str, f
     """
     names = dict.fromkeys(name for metrics in per_rank for name in metrics)
     combined = {name: sum(metrics.get(name, 0.0) for metrics in per_rank) for name in names}
-    if "grad_norm" in combined:
-        combined["grad_norm"] = per_rank[0]["grad_norm"]
+    for once in SAME_ON_EVERY_RANK:  # the same on every rank
+        if once in combined:
+            combined[once] = per_rank[0][once]
     for name in names:  # a largest value is the largest of the ranks'
         if name.endswith("_max"):
             combined[name] = max(metrics.get(name, 0.0) for metrics in per_rank)
