@@ -144,7 +144,9 @@ def test_each_rule_has_a_cel_twin_that_the_api_server_checks() -> None:
 def test_the_reference_lists_every_setting_its_default_per_preset_and_its_paper() -> None:
     text = reference_markdown()
     table = text[text.index("## Algorithm presets") : text.index("## Status")]
-    header = "| setting | `grpo` | `dr_grpo` | `dapo` | `gspo` | `rloo` | `reinforce_pp` | `reinforce_pp_baseline` | from |"
+    header = (
+        "| setting | `grpo` | `dr_grpo` | `dapo` | `gspo` | `rloo` | `reinforce_pp` | `reinforce_pp_baseline` | from |"
+    )
     assert header in table
     for path in SETTINGS:
         assert f"| `{path}` |" in table, path

@@ -30,7 +30,7 @@ from rljob.v1 import sample_pb2
 from rljob_api import RLJobInvalid, parse_rljob
 from rljob_api.spec import DataSpec
 from rljob_workers.common.chat import conversation, has_chat_template, render
-from rljob_workers.driver.controller.data import DataError, Prompt, chat_prompts, load_prompts, read_rows
+from rljob_workers.driver.controller.data import DataError, Prompt, chat_prompts, check_rows, load_prompts, open_rows
 from rljob_workers.driver.controller.groups import Sample
 from rljob_workers.driver.controller.messages import generate_request, reward_request
 from rljob_workers.driver.telemetry.metrics import first_reaching, read_metrics
@@ -95,7 +95,7 @@ def _lines(tmp_path: Path, rows: list[Any]) -> Path:
 
 def test_messages_rows_are_read_and_bad_ones_named_by_line(tmp_path: Path) -> None:
     good = chat_row({"prompt": "23+58=", "answer": "81"})
-    rows = read_rows(_lines(tmp_path, [good]), "prompt", ["answer"], "messages")
+    rows = open_rows(_lines(tmp_path, [good]), "prompt", ["answer"], "messages", cache_dir=tmp_path / "cache")
     assert rows[0].messages == ({"role": "user", "content": "23+58"},) and rows[0].fields == {"answer": "81"}
     bad = {
         "not a list": ({"messages": "23+58", "answer": "81"}, "field messages is a str, not a list"),
@@ -105,7 +105,7 @@ def test_messages_rows_are_read_and_bad_ones_named_by_line(tmp_path: Path) -> No
     }
     for case, (row, expected) in bad.items():
         with pytest.raises(DataError) as info:
-            read_rows(_lines(tmp_path, [good, row]), "prompt", ["answer"], "messages")
+            check_rows(_lines(tmp_path, [good, row]), "prompt", ["answer"], "messages", split="train", rows=100)
         assert f"data.jsonl:2: {expected}" in str(info.value), case
 
 
@@ -120,7 +120,8 @@ def test_the_template_applies_where_the_model_has_one(tmp_path: Path, chat_token
         chat_prompts(str(plain), "auto", "messages", None)
     # plain text under the template: one user turn after the system prompt, rendered once, sent as ids
     path = write_jsonl(tmp_path / "plain.jsonl", make_problems(4, seed=1))
-    source = load_prompts(path, "prompt", ["answer"], 0, False, chat=chat_prompts(str(chat), "auto", None, "hi."))
+    chat_prompt = chat_prompts(str(chat), "auto", None, "hi.")
+    source = load_prompts(path, "prompt", ["answer"], 0, False, chat=chat_prompt, cache_dir=tmp_path / "cache")
     prompt = source.next()
     assert prompt.text == f"<s>hi.</s>{make_problems(1, seed=1)[0]['prompt']}="
     assert list(prompt.token_ids) == chat_tokenizer(prompt.text, add_special_tokens=False)["input_ids"]

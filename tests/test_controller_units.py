@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rljob_workers.driver.controller.data import DataError, Prompt, PromptSource, Row, load_prompts
+from rljob_workers.driver.controller.data import DataError, Prompt, PromptSource, Row, check_rows, load_prompts
 from rljob_workers.driver.controller.groups import GroupTracker, Sample, dispatch_allowed, staleness
 
 
@@ -57,12 +57,16 @@ def test_bad_data_rows_are_errors_naming_the_line(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"prompt": "1+1=", "answer": "2"}\n{"prompt": "2+2="}\n')
     with pytest.raises(DataError, match=r"d.jsonl:2: missing field\(s\) answer"):
-        load_prompts(path, "prompt", ["answer"], seed=0, shuffle=True)
+        check_rows(path, "prompt", ["answer"], None, split="train", rows=100)  # the set-up check
     path.write_text("{not json\n")
-    with pytest.raises(DataError, match=r"d.jsonl:1: not valid JSON"):
-        load_prompts(path, "prompt", [], seed=0, shuffle=True)
+    for check in (
+        lambda: check_rows(path, "prompt", [], None, split="train", rows=100),
+        lambda: load_prompts(path, "prompt", [], seed=0, shuffle=True, cache_dir=tmp_path / "cache"),
+    ):
+        with pytest.raises(DataError, match=r"d.jsonl:1: not valid JSON"):
+            check()
     with pytest.raises(DataError, match=r"spec\.data\.path"):
-        load_prompts(tmp_path / "missing.jsonl", "prompt", [], seed=0, shuffle=True)
+        load_prompts(tmp_path / "missing.jsonl", "prompt", [], seed=0, shuffle=True, cache_dir=tmp_path / "cache")
 
 
 @pytest.mark.parametrize(

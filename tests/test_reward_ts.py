@@ -110,6 +110,29 @@ def test_ts_server_scores_through_the_router_and_keeps_the_contract(built: Path)
         asyncio.run(asyncio.wait_for(go(address), 30))
 
 
+def test_ts_server_reads_a_number_and_a_list_from_the_typed_values(built: Path) -> None:
+    """#54: the driver sends each field with its JSON type (`values`) beside its text; the TypeScript server
+    reads them: a numeric answer, and a list of other accepted answers."""
+    from rljob_workers.common.field_values import to_texts, to_values
+
+    def typed(sid: str, completion: str) -> sample_pb2.RewardSample:
+        fields = {"answer": 5, "accepted": ["five", "V"]}
+        return sample_pb2.RewardSample(
+            sample_id=sid, prompt="2+3=", completion=completion, fields=to_texts(fields), values=to_values(fields)
+        )
+
+    async def go(address: str) -> list[float]:
+        router = RewardRouter(replica_timeout=5)
+        await router.add_replica("ts", address)
+        scored = await asyncio.gather(*(router.score(typed(f"t/{i}", c)) for i, c in enumerate(["5", "five", "6"])))
+        await router.close()
+        assert not any(s.HasField("error") for s in scored), scored
+        return [s.score for s in scored]
+
+    with ts_server(built) as (address, _):
+        assert asyncio.run(asyncio.wait_for(go(address), 30)) == [1.0, 1.0, 0.0]
+
+
 async def until_draining(address: str) -> None:
     """Until the server's health is no longer SERVING (it then refuses new calls, or says NOT_SERVING)."""
     async with channel(address) as ch:

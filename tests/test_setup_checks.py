@@ -97,7 +97,11 @@ def _cases(assets: Path, tmp_path: Path) -> dict[str, tuple[Callable[[dict[str, 
             lambda s: s["data"].update(path=null_prompt),
             f"{null_prompt}:2: field prompt is null, not text",
         ),
-        "directory as data": (lambda s: s["data"].update(path=str(assets)), "is a directory, not a JSON-lines file"),
+        "directory without data": (
+            lambda s: s["data"].update(path=str(assets / "empty-model")),
+            f"{assets / 'empty-model'}: EmptyDatasetError: The directory at {assets / 'empty-model'} doesn't contain "
+            "any data files",
+        ),
         "empty model folder": (
             lambda s: s["model"].update(path=str(assets / "empty-model")),
             "spec.model.path: " + str(assets / "empty-model") + " has no config.json",
@@ -121,7 +125,7 @@ def _cases(assets: Path, tmp_path: Path) -> dict[str, tuple[Callable[[dict[str, 
 CASES = [
     "malformed JSON line",
     "null prompt",
-    "directory as data",
+    "directory without data",
     "empty model folder",
     "reward module that does not import",
     "reward that does not take the data fields",

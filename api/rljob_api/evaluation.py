@@ -33,12 +33,13 @@ class EvalSpec(Model):
 
     path: str = Field(
         description=(
-            "JSON-lines file of eval prompts, read as spec.data.path is (promptField or messagesField, fields), "
-            "on the data's volume where spec.data.volume is set."
+            "File or folder of eval prompts, read as spec.data.path is (its formats, promptField or "
+            "messagesField, fields), on the data's volume where spec.data.volume is set."
         ),
         min_length=1,
         max_length=4096,
     )
+    split: str = Field("train", description="Split of a dataset with several (as spec.data.split).", min_length=1)
     every_steps: int = Field(10, description="Evaluate every N train steps (besides step 0 and the end).", ge=1)
     prompts: int = Field(
         MAX_EVAL_PROMPTS,

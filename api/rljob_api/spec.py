@@ -8,6 +8,7 @@ from pydantic import ConfigDict, Field, model_validator
 
 from .algorithm import AlgorithmSpec
 from .base import IMMUTABLE, FieldRuleError, Model, cel, cel_rules
+from .code import CodeSpec
 from .colocate import COLOCATE_CEL, COLOCATE_DESCRIPTION, check_colocate
 from .environment import EnvironmentSpec
 from .evaluation import EvalSpec
@@ -53,18 +54,35 @@ class ModelSpec(Model):
 
 
 class DataSpec(Model):
-    """Where prompts come from: a JSON-lines file, one prompt per line."""
+    """Where prompts come from: a file or folder read with Hugging Face datasets, offline and memory-mapped."""
 
-    path: str = Field(description="JSON-lines file of prompts.", min_length=1, max_length=4096)
+    path: str = Field(
+        description=(
+            "Prompts: a JSON-lines (.jsonl), JSON (.json), parquet (.parquet) or CSV (.csv) file, a folder "
+            "datasets' save_to_disk wrote, or a dataset folder of such files (load_dataset(folder)). Read "
+            "memory-mapped: the driver holds only the rows it draws."
+        ),
+        min_length=1,
+        max_length=4096,
+    )
+    split: str = Field(
+        "train",
+        description="Split of a dataset with several (save_to_disk's DatasetDict, a folder's splits); a file is one.",
+        min_length=1,
+    )
     prompt_field: str = Field(
         "prompt",
-        description="Field of each line holding the prompt text.",
+        description="Field of each row holding the prompt text.",
         min_length=1,
         max_length=253,
     )
     fields: list[str] = Field(
         default_factory=list,
-        description="Further fields passed to reward functions (e.g. answer).",
+        description=(
+            "Further fields passed to reward functions and environments (e.g. answer), with their JSON types "
+            "(numbers, lists, objects); a dotted name reads a key of an object column (reward_model.ground_truth), "
+            "and a function takes it by its last part (ground_truth)."
+        ),
         max_length=64,
     )
     messages_field: str | None = Field(
@@ -122,6 +140,12 @@ class DataSpec(Model):
             raise FieldRuleError("messagesField", "messages are rendered with the chat template; chatTemplate is off")
         if self.chat_template == "off" and self.system_prompt is not None:
             raise FieldRuleError("systemPrompt", "goes into the chat template; chatTemplate is off")
+        seen: dict[str, str] = {}
+        for name in self.fields:
+            short = name.rsplit(".", 1)[-1]
+            if short in seen:
+                raise FieldRuleError("fields", f"{seen[short]} and {name} both reach functions as {short}")
+            seen[short] = name
         return self
 
     model_config = ConfigDict(
@@ -222,6 +246,10 @@ class RLJobSpec(Model):
     weight_sync: WeightSyncSpec = Field(default_factory=WeightSyncSpec, description="The checkpoint engine.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
     supervision: SupervisionSpec = Field(default_factory=SupervisionSpec, description="Finding hung replicas.")
+    code: CodeSpec = Field(
+        default_factory=CodeSpec,
+        description="Your own Python (reward functions, environments) on the pools' path, without an image.",
+    )
     progress_deadline_seconds: float = Field(
         1800.0,
         description=(

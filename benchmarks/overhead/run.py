@@ -108,7 +108,10 @@ def _load_parts(job_path: Path) -> dict[str, Any]:
     return {
         "algo": c.algorithm,
         "sampling": c.sampling,
-        "prompts": load_prompts(c.data.path, c.data.prompt_field, c.data.fields, c.algorithm.seed, c.data.shuffle),
+        "prompts": load_prompts(
+            *(c.data.path, c.data.prompt_field, c.data.fields, c.algorithm.seed, c.data.shuffle),
+            cache_dir=job_path.parent / "datasets-cache",
+        ),
         "engine": HFEngine.from_config(configs.rollout),
         "rewards": RewardFunctionSet.from_spec(configs.reward.functions, configs.reward.timeout_seconds, gpus=0),
         "trainer": PolicyTrainer(configs.trainer, torch.device("cpu"), 1),

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from rljob_api import LocalObjectReference, RLJob, SecurityContext, VolumeSource
+from rljob_api.code import CODE_CONFIG_MAP_DIR, CODE_VOLUME_DIR
 from rljob_api.placement import Placement, Quantity
 
 from .names import CONFIG_DIR, JOB_TOKEN_DIR, JOB_TOKEN_KEY, TOKEN_DIR, config_name, token_secret_name
@@ -23,6 +24,9 @@ TMP_VOLUME = "tmp"
 # container runtime's 64 MiB. The kubelet mounts a tmpfs of sizeLimit (a write past it fails); the pages
 # written count against the pod's memory limit and the node's memory, not its request.
 SHM_VOLUME = "dshm"
+# spec.code's sources, in the pods that import the user's code (the driver, reward and environment pools)
+CODE_CONFIG_MAP_VOLUME = "code-configmap"
+CODE_CLAIM_VOLUME = "code-volume"
 # Caches that default to $HOME (read-only with the image) go under /tmp.
 WRITABLE_ENV = [
     {"name": "XDG_CACHE_HOME", "value": "/tmp/.cache"},
@@ -135,6 +139,34 @@ def volume_mounts(job: RLJob, *, tokens: bool) -> list[dict[str, Any]]:
                 }
             )
     return out
+
+
+def code_volumes(job: RLJob) -> list[dict[str, Any]]:
+    """spec.code's cluster sources as volumes: the ConfigMap's files, the claim (read-only)."""
+    code, out = job.spec.code, []
+    if code.config_map is not None:
+        out.append({"name": CODE_CONFIG_MAP_VOLUME, "configMap": {"name": code.config_map}})
+    if code.volume is not None:
+        claim = {"claimName": code.volume.claim_name, "readOnly": True}
+        out.append({"name": CODE_CLAIM_VOLUME, "persistentVolumeClaim": claim})
+    return out
+
+
+def code_mounts(job: RLJob) -> list[dict[str, Any]]:
+    """Where `code_volumes` go: the folders spec.code's cluster path names."""
+    code, out = job.spec.code, []
+    if code.config_map is not None:
+        out.append({"name": CODE_CONFIG_MAP_VOLUME, "mountPath": CODE_CONFIG_MAP_DIR, "readOnly": True})
+    if code.volume is not None:
+        mount = {"name": CODE_CLAIM_VOLUME, "mountPath": CODE_VOLUME_DIR, "readOnly": True}
+        out.append({**mount, **({"subPath": code.volume.sub_path} if code.volume.sub_path else {})})
+    return out
+
+
+def code_env(job: RLJob) -> list[dict[str, Any]]:
+    """PYTHONPATH holding the mounted code, where spec.code names a cluster source (the image sets none)."""
+    folders = job.spec.code.cluster_path()
+    return [{"name": "PYTHONPATH", "value": ":".join(folders)}] if folders else []
 
 
 def shm_volume(size: str) -> dict[str, Any]:

@@ -23,6 +23,9 @@ from .options import ElasticGroups, RenderOptions
 from .pods import (
     TMP_VOLUME,
     WRITABLE_ENV,
+    code_env,
+    code_mounts,
+    code_volumes,
     container,
     pod_template,
     pool_resources,
@@ -38,6 +41,8 @@ RAY_API_VERSION = "ray.io/v1"
 # container's PID 1 ignores SIGTERM: a deleted pod would sit out the default 30 s with its Ray node
 # still up. A short grace lets the pool replace it sooner.
 RAY_POD_GRACE_SECONDS = 5
+# The pools whose processes import the user's code: reward functions, environment classes.
+CODE_POOLS = ("reward", "environment")
 
 
 @dataclass(frozen=True)
@@ -133,19 +138,23 @@ def worker_group(job: RLJob, shape: PoolShape, groups: ElasticGroups) -> dict[st
     cpus = shape.cpus_per_actor * shape.actors_per_pod
     resources = pool_resources(shape.placement, cpus=cpus, gpus=shape.gpus)
     tokens = shape.pool == "reward"
-    mounts = [*volume_mounts(job, tokens=tokens), shm_mount()]
+    imports_code = shape.pool in CODE_POOLS  # they import the user's functions and classes (spec.code)
+    mounts = [*volume_mounts(job, tokens=tokens), *(code_mounts(job) if imports_code else []), shm_mount()]
     security = shape.placement.security_context or job.spec.security_context
     # The rollout pool runs its engine's own image (vLLM pins its own torch), the other pools the worker image.
     image = job.spec.rollout.image_or(job.spec.image) if shape.pool == "rollout" else job.spec.image
-    main = container(
-        job, "ray-worker", security, image, env=_env(job, shape.pool), resources=resources, volumeMounts=mounts
-    )
+    env = [*_env(job, shape.pool), *(code_env(job) if imports_code else [])]
+    main = container(job, "ray-worker", security, image, env=env, resources=resources, volumeMounts=mounts)
     template = pod_template(
         pool_labels(job, shape.pool),
         main,
         account=ray_pod_account(job),
         security=security,
-        volumes=[*volumes(job, tokens=tokens), shm_volume(shm_size(job, shape))],
+        volumes=[
+            *volumes(job, tokens=tokens),
+            *(code_volumes(job) if imports_code else []),
+            shm_volume(shm_size(job, shape)),
+        ],
         node_selector=shape.placement.node_selector,
         tolerations=[t.to_wire() for t in shape.placement.tolerations],
         pull_secrets=job.spec.image_pull_secrets,

@@ -42,7 +42,7 @@ from .names import (
     token_secret_name,
 )
 from .options import ElasticGroups, Owner, RenderOptions
-from .pods import WRITABLE_ENV, container, pod_template, volume_mounts, volumes
+from .pods import WRITABLE_ENV, code_env, code_mounts, code_volumes, container, pod_template, volume_mounts, volumes
 from .raycluster import render_ray_cluster
 
 # The children that hold GPUs (the pools) and the driver: what suspend deletes.
@@ -192,6 +192,7 @@ def driver_env(job: RLJob) -> list[dict[str, Any]]:
         {"name": TOKEN_FILE_ENV, "value": JOB_TOKEN_FILE},
         *ray_auth_env(job),
         *WRITABLE_ENV,
+        *code_env(job),  # it imports the rules and environment classes for its set-up checks
     ]
 
 
@@ -223,7 +224,7 @@ def render_driver(job: RLJob, ports: Ports, options: RenderOptions) -> dict[str,
             "requests": {"cpu": options.driver_cpu, "memory": options.driver_memory},
             "limits": {"memory": options.driver_memory},
         },
-        volumeMounts=volume_mounts(job, tokens=True),
+        volumeMounts=[*volume_mounts(job, tokens=True), *code_mounts(job)],
     )
     template = pod_template(
         component_labels(job, "driver"),
@@ -236,7 +237,7 @@ def render_driver(job: RLJob, ports: Ports, options: RenderOptions) -> dict[str,
             "terminationGracePeriodSeconds": DRIVER_GRACE_SECONDS,
         },
         security=job.spec.security_context,
-        volumes=volumes(job, tokens=True),
+        volumes=[*volumes(job, tokens=True), *code_volumes(job)],
         node_selector=options.system_node_selector,
         tolerations=options.system_tolerations,
         pull_secrets=job.spec.image_pull_secrets,

@@ -176,6 +176,7 @@ def test_apply_trains_through_five_faults_to_succeeded_and_delete_leaves_nothing
     path's checks all hold on the faulted run, which costs CI one job start instead of two."""
     cluster = setup.cluster
     job = registry_job(setup)
+    reward_from_a_config_map(cluster, job)  # #54: the reward function exists only in a ConfigMap
     job["spec"]["algorithm"]["totalSteps"] = STEPS
     job["spec"]["checkpoint"]["everySteps"] = 10  # a resumed driver or trainer loses little
     run = FaultRun(cluster, NS, JOB)
@@ -217,6 +218,27 @@ def test_apply_trains_through_five_faults_to_succeeded_and_delete_leaves_nothing
     print(f"kubectl apply -> first train step {first_step:.1f}s, -> Succeeded {took:.1f}s (five faults on the way)")
     print(f"each Ray pod's raylet reaching its object store: {inside.get('store_connect')}")
     print(f"final status:\n{final_line}")
+
+
+# The shipped example's reward as a user writes it beside their job, and ships it with `kubectl create configmap
+# --from-file`: in no image, only in the ConfigMap the job's spec.code names.
+CONFIG_MAP_REWARDS = """
+def exact_match(prompt, completion, answer, **_):
+    text = completion.split("</s>")[0].strip()
+    return 1.0 if text == answer.strip() else 0.0
+"""
+
+
+def reward_from_a_config_map(cluster: Cluster, job: dict[str, Any]) -> None:
+    """The job's reward function from a ConfigMap (`spec.code.configMap`): the operator mounts it into the driver
+    and the reward pods and puts it on their PYTHONPATH."""
+    source = cluster.state / "configmap_rewards.py"
+    source.write_text(CONFIG_MAP_REWARDS)
+    made = cluster.kubectl("create", "configmap", "arithmetic-rewards", "-n", NS, f"--from-file={source}")
+    assert made.returncode == 0, made.stderr
+    job["spec"]["code"] = {"configMap": "arithmetic-rewards"}
+    [function] = job["spec"]["reward"]["functions"]
+    function["rule"]["function"] = "configmap_rewards:exact_match"
 
 
 def intrude_then_fault(setup: Setup, run: FaultRun) -> list[Fault]:

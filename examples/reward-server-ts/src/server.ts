@@ -34,12 +34,26 @@ const EOS_MARKERS = ["</s>", "<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<eos>
 type ErrorClass = "ERROR_CLASS_INVALID" | "ERROR_CLASS_FUNCTION" | "ERROR_CLASS_TRANSIENT";
 type RefusalReason = "REFUSAL_REASON_DRAINING" | "REFUSAL_REASON_RESOURCE_EXHAUSTED";
 
+/** google.protobuf.Value as proto-loader decodes it (oneofs: true): the set field named in `kind`. */
+interface ProtoValue {
+  kind?: "nullValue" | "numberValue" | "stringValue" | "boolValue" | "structValue" | "listValue";
+  numberValue?: number;
+  stringValue?: string;
+  boolValue?: boolean;
+  structValue?: { fields?: Record<string, ProtoValue> };
+  listValue?: { values?: ProtoValue[] };
+}
+
+type Json = null | number | string | boolean | Json[] | { [key: string]: Json };
+
 interface RewardSample {
   sample_id: string;
   prompt_id: string;
   prompt: string;
   completion: string;
   fields: Record<string, string>;
+  // The same fields with their JSON types (numbers, lists, objects); rljob's driver sends both.
+  values?: Record<string, ProtoValue>;
 }
 
 interface SampleScore {
@@ -85,17 +99,47 @@ function stripCompletion(completion: string): string {
   return text.trim();
 }
 
-/** 1 when the completion is exactly the `answer` field, else 0. */
+/** A google.protobuf.Value as plain JSON. */
+function fromValue(value: ProtoValue): Json {
+  switch (value.kind) {
+    case "numberValue":
+      return value.numberValue ?? 0;
+    case "stringValue":
+      return value.stringValue ?? "";
+    case "boolValue":
+      return value.boolValue ?? false;
+    case "structValue":
+      return Object.fromEntries(Object.entries(value.structValue?.fields ?? {}).map(([k, v]) => [k, fromValue(v)]));
+    case "listValue":
+      return (value.listValue?.values ?? []).map(fromValue);
+    default:
+      return null;
+  }
+}
+
+/** The sample's fields with their JSON types where the sender gave them (`values`), else as text (`fields`). */
+function typedFields(sample: RewardSample): Record<string, Json> {
+  const values = sample.values ?? {};
+  if (Object.keys(values).length > 0) {
+    return Object.fromEntries(Object.entries(values).map(([k, v]) => [k, fromValue(v)]));
+  }
+  return { ...(sample.fields ?? {}) };
+}
+
+/** 1 when the completion is the `answer` field (text or a number), or one of the `accepted` list's, else 0. */
 function exactMatch(sample: RewardSample): number {
-  const answer = sample.fields?.answer;
-  if (answer === undefined) {
-    const fields = Object.keys(sample.fields ?? {}).join(", ") || "none";
+  const fields = typedFields(sample);
+  const answer = fields.answer;
+  if (answer === undefined || answer === null) {
+    const names = Object.keys(fields).join(", ") || "none";
     throw new ScoreFailure(
       "ERROR_CLASS_FUNCTION",
-      `reward function '${FUNCTION_NAME}': sample '${sample.sample_id}' has no answer field (fields: ${fields})`,
+      `reward function '${FUNCTION_NAME}': sample '${sample.sample_id}' has no answer field (fields: ${names})`,
     );
   }
-  return stripCompletion(sample.completion ?? "") === answer.trim() ? 1 : 0;
+  const accepted = Array.isArray(fields.accepted) ? fields.accepted.map((a) => String(a).trim()) : [];
+  const completion = stripCompletion(sample.completion ?? "");
+  return completion === String(answer).trim() || accepted.includes(completion) ? 1 : 0;
 }
 
 async function scoreSample(sample: RewardSample): Promise<SampleScore> {

@@ -21,7 +21,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from rljob_api import resolve_algorithm
     from rljob_api.spec import clear_text_tokens
     from rljob_workers.driver.errors import SetupError
-    from rljob_workers.driver.run.code_path import put_job_folder_on_path
+    from rljob_workers.driver.run.code_path import put_code_on_path
     from rljob_workers.driver.run.gpu_fit import check_colocate_fits
     from rljob_workers.driver.run.plan import load_job_file, plan_job
     from rljob_workers.driver.run.preflight import prepare, rule_conventions
@@ -32,7 +32,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
             job = load_job_file(path)
             fits = True
             if args.deep:  # its functions and classes import as `rljob run` would import them
-                put_job_folder_on_path(path)
+                try:
+                    put_code_on_path(path, job.spec.code)
+                except NotADirectoryError as exc:
+                    raise SetupError(str(exc)) from None
                 prepare(plan_job(job, job_file=path, rollout_python=args.rollout_python))
                 fits = check_colocate_fits(job, gpu_bytes=args.gpu_memory)
         except (RLJobInvalid, SetupError) as exc:
@@ -100,16 +103,18 @@ def _write_calculator_data(args: argparse.Namespace) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run an RLJob on this machine: all pools local, on Ray."""
     from rljob_workers.driver.errors import SetupError
-    from rljob_workers.driver.run.code_path import put_job_folder_on_path
+    from rljob_workers.driver.run.code_path import code_message, put_code_on_path
     from rljob_workers.driver.run.command import run_command
     from rljob_workers.driver.run.plan import load_job_file, plan_job
 
-    if not args.cluster:  # in a driver pod the job file is the operator's; user code comes with the image
-        folder = put_job_folder_on_path(args.file)
-        print(f"code: {folder} is on the import path of the driver and every pool", flush=True)
     try:
+        job = load_job_file(args.file)
+        # In a driver pod the job file is the operator's: the user's code is on the pod's PYTHONPATH (spec.code)
+        if not args.cluster:
+            folders = put_code_on_path(args.file, job.spec.code)
+            print(code_message(folders, job.spec.code), flush=True)
         plan = plan_job(
-            load_job_file(args.file),
+            job,
             job_file=args.file,
             output=args.output,
             steps=args.steps,
@@ -120,7 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             stop_timeout=args.stop_timeout,
             rollout_python=args.rollout_python,
         )
-    except (RLJobInvalid, SetupError) as exc:
+    except (RLJobInvalid, SetupError, NotADirectoryError) as exc:
         print(exc, file=sys.stderr)
         return 2
     return run_command(plan)

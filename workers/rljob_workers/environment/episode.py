@@ -29,6 +29,7 @@ from typing import Any
 
 from rljob.v1 import environment_service_pb2 as pb
 from rljob_workers.common.daemon_pool import DaemonThreadPool
+from rljob_workers.common.field_values import from_struct
 
 
 class EnvironmentConfigError(ValueError):
@@ -185,7 +186,7 @@ class Episode:
 
     async def reset(self, start: pb.EpisodeStart) -> pb.EpisodeResponse:
         self.instance = await _in_thread(self.cls, **self.args)
-        task = dict(start.task.items()) if start.task else {}
+        task = from_struct(start.task) if start.task else {}
         reset = self.instance.reset
         result = await (_call(reset, task, seed=start.seed) if _takes(reset, "seed") else _call(reset, task))
         if isinstance(result, tuple) and len(result) == 2 and isinstance(result[1], Mapping):

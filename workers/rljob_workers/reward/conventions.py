@@ -6,8 +6,9 @@
   and every data field as a list in kwargs. ``None`` means the function does not apply to the sample: the
   sample's reward is then the weighted sum of the functions that do.
 - ``verl``: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``, filled from the row's
-  fields of those names (extra_info: the other fields); a float, or a dict whose ``score`` is the reward and
-  whose other numbers are the function's metrics.
+  fields of those names (`reward_model.ground_truth` is `ground_truth`; extra_info: the row's extra_info object,
+  or else the other fields); a float, or a dict whose ``score`` is the reward and whose other numbers are the
+  function's metrics.
 
 ``auto`` (rule.signature's default) decides from the function's parameters: `completions` is TRL's, `solution_str`
 verl's, anything else rljob's.
@@ -69,7 +70,11 @@ def _trl_answer(name: str, answer: object) -> object:
 
 
 def _verl_arguments(completion: str, fields: dict[str, Any]) -> dict[str, Any]:
-    extra = {k: v for k, v in fields.items() if k not in VERL_COLUMNS}
+    """verl's columns by their short names (`reward_model.ground_truth` is `ground_truth`); `extra_info` the row's
+    extra_info object where it has one (verl's data), else every other field."""
+    extra = fields.get("extra_info")
+    if not isinstance(extra, dict):
+        extra = {k: v for k, v in fields.items() if k not in VERL_COLUMNS}
     return {
         "data_source": fields.get("data_source", ""),
         "solution_str": completion,

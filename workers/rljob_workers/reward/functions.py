@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 from rljob.v1 import sample_pb2
 from rljob_api.reward import RewardFunction
 from rljob_workers.common.daemon_pool import DaemonThreadPool
+from rljob_workers.common.field_values import sample_fields
 from rljob_workers.reward.base import FUNCTION, INVALID, TRANSIENT, RewardConfigError, SampleScorer, ScoreFailure
 from rljob_workers.reward.callables import RewardCallable, WeightedFunction, error_score, is_async
 from rljob_workers.reward.conventions import NotApplicable, ScoreWithMetrics
@@ -268,7 +269,8 @@ def _kwargs(function: WeightedFunction, sample: sample_pb2.RewardSample) -> dict
     if function.takes_sample:
         extra["sample"] = sample
     reserved = RESERVED_ARGS | extra.keys()
-    kwargs: dict[str, Any] = {k: v for k, v in sample.fields.items() if k not in reserved}
+    fields = sample_fields(sample.values, sample.fields)
+    kwargs: dict[str, Any] = {k: v for k, v in fields.items() if k not in reserved}
     kwargs.update(prompt=sample.prompt, completion=sample.completion, **extra)
     if sample.messages:
         kwargs["messages"] = [{"role": m.role, "content": m.content} for m in sample.messages]

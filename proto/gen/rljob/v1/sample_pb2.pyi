@@ -1,3 +1,4 @@
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
@@ -79,7 +80,7 @@ class Completion(_message.Message):
     def __init__(self, sample_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., index: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., last_policy_version: _Optional[int] = ...) -> None: ...
 
 class RewardSample(_message.Message):
-    __slots__ = ("sample_id", "prompt_id", "prompt", "completion", "fields", "token_ids", "policy_version", "messages")
+    __slots__ = ("sample_id", "prompt_id", "prompt", "completion", "fields", "token_ids", "policy_version", "messages", "values")
     class FieldsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +88,13 @@ class RewardSample(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class ValuesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _struct_pb2.Value
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_struct_pb2.Value, _Mapping]] = ...) -> None: ...
     SAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +103,7 @@ class RewardSample(_message.Message):
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
     sample_id: str
     prompt_id: str
     prompt: str
@@ -103,7 +112,8 @@ class RewardSample(_message.Message):
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     policy_version: int
     messages: _containers.RepeatedCompositeFieldContainer[ChatMessage]
-    def __init__(self, sample_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt: _Optional[str] = ..., completion: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., policy_version: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ...) -> None: ...
+    values: _containers.MessageMap[str, _struct_pb2.Value]
+    def __init__(self, sample_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., prompt: _Optional[str] = ..., completion: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ..., token_ids: _Optional[_Iterable[int]] = ..., policy_version: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[ChatMessage, _Mapping]]] = ..., values: _Optional[_Mapping[str, _struct_pb2.Value]] = ...) -> None: ...
 
 class ChatMessage(_message.Message):
     __slots__ = ("role", "content")

@@ -19,6 +19,7 @@ from rljob.v1 import environment_service_pb2 as env_pb
 from rljob.v1 import rollout_service_pb2 as rollout_pb
 from rljob.v1 import sample_pb2
 from rljob_api.workercfg import ControllerConfig
+from rljob_workers.common.field_values import task_fields
 from rljob_workers.driver.controller.data import Prompt
 from rljob_workers.driver.controller.observations import ObservationEncoder, TemplateError
 from rljob_workers.driver.pools.environment import (
@@ -164,7 +165,7 @@ class Play:
         sampling: sample_pb2.SamplingParams | None,
     ) -> Transcript:
         task = struct_pb2.Struct()
-        task.update({**prompt.fields, self.config.data.prompt_field: prompt.text})
+        task.update({**task_fields(prompt.fields), self.config.data.prompt_field: prompt.text})
         start = env_pb.EpisodeStart(episode_id=episode_id, task=task, seed=seed, prompt=prompt.text)
         first = _answer(await stream.ask(env_pb.EpisodeRequest(start=start)), where)
         prompt_ids = list(prompt.token_ids) or self.encoder.prompt_ids(prompt.text)

@@ -24,7 +24,7 @@ from rljob.v1 import rollout_service_pb2 as rollout_pb
 from rljob.v1 import sample_pb2
 from rljob_api.evaluation import EvalSpec
 from rljob_api.workercfg import ControllerConfig
-from rljob_workers.driver.controller.data import Prompt, chat_prompts, chat_rows, read_rows
+from rljob_workers.driver.controller.data import Prompt, chat_prompts, open_rows
 from rljob_workers.driver.controller.episodes import EpisodeExcluded, EpisodeFatal, EpisodeRunner
 from rljob_workers.driver.controller.eval_report import EvalReport, EvalSample, summarize
 from rljob_workers.driver.controller.groups import Sample
@@ -42,14 +42,22 @@ def eval_due(step: int, every_steps: int, total_steps: int) -> bool:
     return step == 0 or step % every_steps == 0 or step == total_steps
 
 
-def eval_prompts(config: ControllerConfig, tools: tuple[dict[str, Any], ...] = ()) -> list[Prompt]:
-    """The eval file's first `prompts` rows, read and rendered as the training data is (promptField or
+def eval_prompts(config: ControllerConfig, cache_dir: Path, tools: tuple[dict[str, Any], ...] = ()) -> list[Prompt]:
+    """The eval data's first `prompts` rows, read and rendered as the training data is (promptField or
     messagesField, fields, the chat template offering an environment's `tools`); each prompt's id is its row."""
     data = config.data
     assert data.eval is not None
-    rows = read_rows(Path(data.eval.path), data.prompt_field, data.fields, data.messages_field)[: data.eval.prompts]
     chat = chat_prompts(config.model_path, data.chat_template, data.messages_field, data.system_prompt, tools)
-    rows = chat_rows(rows, chat) if chat else rows
+    found = open_rows(
+        Path(data.eval.path),
+        data.prompt_field,
+        data.fields,
+        data.messages_field,
+        split=data.eval.split,
+        cache_dir=cache_dir,
+        chat=chat,
+    )
+    rows = found[: data.eval.prompts]
     return [Prompt(str(i), r.text, r.fields, r.messages, r.token_ids) for i, r in enumerate(rows)]
 
 
@@ -216,13 +224,15 @@ def evaluation_for(
     scorer: Scorer,
     on_report: Callable[[EvalReport], None],
     episodes: EpisodeRunner | None = None,
+    *,
+    cache_dir: Path,
 ) -> Evaluation | None:
     """The run's eval through the controller's clients (and, with spec.environment, the training's episode
     player, with counts of the eval's own); None without spec.data.eval."""
     spec = config.data.eval
     if spec is None:
         return None
-    prompts = eval_prompts(config, episodes.play.info.tools if episodes is not None else ())
+    prompts = eval_prompts(config, cache_dir, episodes.play.info.tools if episodes is not None else ())
     sampling = eval_sampling(spec, config)
     evaluation = Evaluation(spec, prompts, rollout, scorer, sampling, on_report, config.reward_retries, config=config)
     if episodes is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rljob.v1 import rollout_service_pb2 as rollout_pb
 from rljob.v1 import sample_pb2
 from rljob_api.workercfg import ControllerConfig
+from rljob_workers.common.field_values import to_texts, to_values
 from rljob_workers.driver.controller.data import Prompt
 from rljob_workers.driver.controller.groups import Sample
 
@@ -53,7 +54,8 @@ def reward_request(prompt: Prompt, sample: Sample) -> sample_pb2.RewardSample:
         prompt_id=sample.prompt_id,
         prompt=prompt.text,
         completion=sample.text,
-        fields=prompt.fields,
+        fields=to_texts(prompt.fields),
+        values=to_values(prompt.fields),
         token_ids=sample.token_ids,
         policy_version=sample.policy_version,
         messages=[sample_pb2.ChatMessage(role=str(m["role"]), content=str(m["content"])) for m in conversation],

@@ -1,5 +1,6 @@
-"""Poison input is a sample's problem, not the run's: a prompt too long for the model (data.maxPromptTokens,
-checked as each row is drawn, never sent to an engine) or one whose generation the engine failed
+"""Poison input is a sample's problem, not the run's: a row whose values make no prompt (a missing field, checked
+as each row is drawn), a prompt too long for the model (data.maxPromptTokens, checked as it is drawn, never
+sent to an engine) or one whose generation the engine failed
 rollout.retries times more is set aside: one line in `<output>/failed.jsonl` with its row and reason,
 counted, and never handed out again. The run fails only past algorithm.maxFailedPrompts, naming them.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rljob_api.workercfg import ControllerConfig
-from rljob_workers.driver.controller.data import Prompt, PromptSource
+from rljob_workers.driver.controller.data import BadRow, Prompt, PromptSource
 from rljob_workers.driver.controller.groups import GroupTracker
 from rljob_workers.driver.controller.messages import contiguous_runs
 from rljob_workers.driver.controller.report import Counts
@@ -125,7 +126,11 @@ class PromptGuard:
         fails the run (fail; or past maxFailedPrompts: then None)."""
         assert self.set_aside is not None
         while self.counts.failed_prompts <= self.set_aside.limit:
-            prompt = self.prompts.next()
+            try:
+                prompt = self.prompts.next()
+            except BadRow as bad:  # a row that makes no prompt: set aside, as a prompt too long
+                self._record(Prompt(bad.prompt_id, "", {}), str(bad), step)
+                continue
             excess = self.limit.excess(prompt) if self.limit is not None else None
             if excess is None:
                 return prompt

@@ -19,8 +19,9 @@ from pathlib import Path
 from rljob_api import RLJob
 from rljob_api.reward import RewardFunction
 from rljob_workers.common.chat import has_chat_template
+from rljob_workers.common.field_values import short_name
 from rljob_workers.common.freeze import frozen_names
-from rljob_workers.driver.controller.data import DataError, read_rows
+from rljob_workers.driver.controller.data import DataError, check_rows
 from rljob_workers.driver.errors import SetupError, first_line
 from rljob_workers.driver.pools.environment import EnvironmentInfo
 from rljob_workers.driver.run.environment_check import check_environment
@@ -32,6 +33,9 @@ from rljob_workers.reward.conventions import peer_arguments, resolve_signature
 from rljob_workers.reward.functions import RESERVED_ARGS
 from rljob_workers.reward.modelpool import declares
 
+# Rows of the data the set-up checks convert as a draw would (the rest are checked as they are drawn, a bad
+# one set aside): enough to catch a file's systematic fault, few enough for a million-row file's start.
+CHECKED_ROWS = 10_000
 # Engines that are optional extras: named by a job, they must be importable here and in the pools.
 OPTIONAL_ENGINES = {"vllm": "vllm", "sglang": "sglang"}
 
@@ -169,20 +173,18 @@ def check_data(job: RLJob) -> None:
     """The data file (and the eval file, where spec.data.eval is set) exists, is a file, and every row parses
     with the prompt and fields the spec names."""
     data = job.spec.data
-    _check_rows(job, data.path, "spec.data.path")
+    _check_rows(job, data.path, "spec.data.path", data.split)
     if data.eval is not None:
-        _check_rows(job, data.eval.path, "spec.data.eval.path")
+        _check_rows(job, data.eval.path, "spec.data.eval.path", data.eval.split)
 
 
-def _check_rows(job: RLJob, file: str, field: str) -> None:
+def _check_rows(job: RLJob, file: str, field: str, split: str) -> None:
     data = job.spec.data
     path = Path(file)
     if not path.exists():
         raise SetupError(f"{field}: {file} does not exist{_hint(file)}")
-    if not path.is_file():
-        raise SetupError(f"{field}: {file} is a directory, not a JSON-lines file")
     try:
-        read_rows(path, data.prompt_field, list(data.fields), data.messages_field)
+        check_rows(path, data.prompt_field, list(data.fields), data.messages_field, split=split, rows=CHECKED_ROWS)
     except DataError as exc:
         raise SetupError(f"{field}: {exc}") from None
     except UnicodeDecodeError as exc:
@@ -210,7 +212,7 @@ def _indexed(functions: list[RewardFunction]) -> Iterator[tuple[str, RewardFunct
 
 def check_rewards(job: RLJob) -> None:
     """Every rule imports and accepts the job's fields (reward model folders: `check_models`)."""
-    fields = [f for f in job.spec.data.fields if f not in RESERVED_ARGS]
+    fields = [short_name(f) for f in job.spec.data.fields if short_name(f) not in RESERVED_ARGS]
     # messages data and episodes: the conversation too
     messages = job.spec.data.messages_field is not None or job.spec.environment is not None
     for where, function in _indexed(job.spec.reward.functions):

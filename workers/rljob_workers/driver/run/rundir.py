@@ -127,6 +127,12 @@ def resume_from(root: Path, resume: bool) -> Path | None:
     return found
 
 
+def dataset_cache(output: Path) -> Path:
+    """Where `datasets` keeps the Arrow copy of a data file it converts (JSON, parquet, CSV): in the run's own
+    output (on a cluster, the run volume or the driver pod's folder), never a shared home cache."""
+    return output / ".cache" / "datasets"
+
+
 def starting_point(
     configs: WorkerConfigs, output: Path, resume: bool, tools: tuple[dict[str, Any], ...] = ()
 ) -> tuple[Path | None, dict[str, Any], PromptSource]:
@@ -148,6 +154,8 @@ def starting_point(
         *(data.path, data.prompt_field, data.fields, configs.controller.algorithm.seed, data.shuffle),
         messages_field=data.messages_field,
         chat=chat,
+        split=data.split,
+        cache_dir=dataset_cache(output),
     )
     if state:
         prompts.restore(state["data"])

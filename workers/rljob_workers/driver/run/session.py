@@ -33,7 +33,7 @@ from rljob_workers.driver.pools.elastic import ElasticPool
 from rljob_workers.driver.run import deadlines, summary
 from rljob_workers.driver.run.plan import RunPlan
 from rljob_workers.driver.run.pools import JobPools
-from rljob_workers.driver.run.rundir import job_token, lock_run_folders, starting_point
+from rljob_workers.driver.run.rundir import dataset_cache, job_token, lock_run_folders, starting_point
 from rljob_workers.driver.run.stopping import SignalStop
 from rljob_workers.driver.run.supervision import (
     PoolSupervisor,
@@ -182,7 +182,14 @@ class RunSession:
             trainer=pools.trainer,
             sync_weights=sync_weights,
             on_step=self._on_step,
-            evaluation=evaluation_for(config, pools.clients, pools.router, self.telemetry.eval_log.record, episodes),
+            evaluation=evaluation_for(
+                config,
+                pools.clients,
+                pools.router,
+                self.telemetry.eval_log.record,
+                episodes,
+                cache_dir=dataset_cache(self.plan.output),
+            ),
             step=int(state.get("step", 0)),
             version=int(state.get("policy_version", 0)),
             counts=counts,
