@@ -370,7 +370,11 @@ def test_worker_configs_follow_the_spec(example_doc):
     assert configs.trainer.algorithm.model_dump(include=set(job.spec.algorithm.model_fields_set)) == (
         job.spec.algorithm.model_dump(exclude_unset=True)
     )
-    assert configs.reward.functions == job.spec.reward.functions
+    # the same functions; a rule's batchSize, unset, is one group (TRL functions are called with groups)
+    assert [f.model_copy(update={"rule": None}) for f in configs.reward.functions] == [
+        f.model_copy(update={"rule": None}) for f in job.spec.reward.functions
+    ]
+    assert [f.rule.batch_size for f in configs.reward.functions if f.rule] == [job.spec.algorithm.group_size]
     assert configs.controller.sampling == job.spec.rollout.sampling
     assert configs.trainer.world_size == 1
 

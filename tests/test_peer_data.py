@@ -38,7 +38,14 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
 """
 # TRL's reward function as its documentation writes one: batched, the dataset's columns as lists in kwargs.
 TRL_REWARD = """
+from pathlib import Path
+
+CALLS = Path(__file__).with_name("calls.txt")
+
+
 def accuracy_reward(completions, answer, **kwargs):
+    with CALLS.open("a") as calls:  # how many completions each call scored, for the test
+        calls.write(f"{len(completions)} ")
     return [1.0 if c.split("</s>")[0].strip() == a else 0.0 for c, a in zip(completions, answer)]
 """
 
@@ -126,3 +133,7 @@ def test_a_saved_dataset_and_a_trl_batched_function_learn_unchanged(tmp_path: Pa
     data = {"path": str(saved), "split": "train", "fields": ["answer"]}
     function = {"name": "accuracy", "kind": "rule", "rule": {"function": "my_rewards:accuracy_reward"}}
     learn(_job("arithmetic.yaml", work, example_model, data, function), work / "out")
+    sizes = [int(n) for n in (work / "calls.txt").read_text().split()]
+    print(f"TRL calls: {len(sizes)} for {sum(sizes)} completions, the largest of {max(sizes)}")
+    # called with a group's samples together (rule.batchSize unset: groupSize 8), not one by one
+    assert max(sizes) == 8 and len(sizes) <= sum(sizes) / 4, sizes

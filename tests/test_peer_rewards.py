@@ -109,3 +109,45 @@ def test_a_trl_function_that_cannot_take_the_columns_is_refused_naming_it(assets
     [line] = checked.stderr.strip().splitlines()
     assert line.startswith("spec.reward.functions[0].rule.function: peer_rewards:strict(prompts, completions), ")
     assert "called as trl (auto: it declares `completions`)" in line and "answer" in line
+
+
+def test_a_trl_function_scores_a_batch_in_one_call_and_a_wrong_length_fails_each_sample_naming_it() -> None:
+    """rule.batchSize: the samples that arrive together (a group) share one call of a sync TRL function;
+    its list answer is split back, None leaving a sample to the other functions."""
+    import asyncio
+
+    from rljob.v1 import sample_pb2
+    from rljob_workers.reward.callables import WeightedFunction
+    from rljob_workers.reward.conventions import adapt
+    from rljob_workers.reward.functions import RewardFunctionSet
+
+    calls: list[int] = []
+
+    def lengths(completions, answer, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(len(completions))
+        return [float(len(c)) if a != "skip" else None for c, a in zip(completions, answer, strict=True)]
+
+    def short(completions, **kwargs):  # type: ignore[no-untyped-def]
+        return [1.0]
+
+    def samples(n: int) -> list[sample_pb2.RewardSample]:
+        answers = ["skip" if i == 3 else str(i) for i in range(n)]
+        return [
+            sample_pb2.RewardSample(sample_id=f"s{i}", completion="x" * i, fields={"answer": a})
+            for i, a in enumerate(answers)
+        ]
+
+    async def score(fn, n: int) -> list[sample_pb2.SampleScore]:  # type: ignore[no-untyped-def]
+        ones = WeightedFunction("one", lambda prompt, completion, **_: 1.0)
+        functions = RewardFunctionSet([WeightedFunction("trl", adapt(fn, "trl", "trl", batch_size=8)), ones], 10.0)
+        try:
+            return list(await asyncio.gather(*(functions.score(s) for s in samples(n))))
+        finally:
+            functions.close()
+
+    scored = asyncio.run(score(lengths, 8))
+    assert calls == [8]
+    assert [s.components.get("trl") for s in scored] == [0.0, 1.0, 2.0, None, 4.0, 5.0, 6.0, 7.0]
+    assert scored[3].score == 1.0  # only `one` applies to the skipped sample
+    wrong = asyncio.run(score(short, 4))
+    assert all("'trl' (trl) returned 1 scores for 4 completions" in s.error.message for s in wrong)

@@ -39,12 +39,21 @@ class RuleReward(Model):
         "auto",
         description=(
             "How it is called. rljob: `fn(prompt, completion, **fields) -> number`. trl: TRL's "
-            "`fn(prompts, completions, **columns) -> list[float | None]`, a batch of one sample, every field a "
-            "list; None: the function does not apply, and the sample's reward is the sum of those that do. "
+            "`fn(prompts, completions, **columns) -> list[float | None]`, a batch of samples (batchSize), every "
+            "field a list; None: the function does not apply, and the sample's reward is the sum of those that do. "
             "verl: `compute_score(data_source, solution_str, ground_truth, extra_info)` from the fields of those "
             "names, a number or a dict whose `score` is the reward and whose other numbers are logged beside it. "
             "auto: trl when it declares `completions`, verl when it declares `solution_str`, else rljob."
         ),
+    )
+    batch_size: int | None = Field(
+        None,
+        description=(
+            "trl, a plain (sync) function: the most samples one call scores, those that arrive together (a group's "
+            "samples come as one); unset: algorithm.groupSize. An async one is called a sample at a time."
+        ),
+        ge=1,
+        le=4096,
     )
 
     @field_validator("function")

@@ -188,6 +188,14 @@ class WorkerConfigs(Model):
     colocate: bool = Field(False, description="Each GPU holds a rollout replica and a trainer rank (spec.colocate).")
 
 
+def _with_batch_size(function: RewardFunction, group_size: int) -> RewardFunction:
+    """A rule's batchSize as its replicas use it: unset, one group."""
+    rule = function.rule
+    if rule is None or rule.batch_size is not None:
+        return function
+    return function.model_copy(update={"rule": rule.model_copy(update={"batch_size": group_size})})
+
+
 def reward_answer_deadline(timeout_seconds: float) -> float:
     """How long the driver waits for a reward replica's answer to one sample before it takes the replica for
     hung: the server's own deadline (reward.timeoutSeconds, retries of a remote kind included) twice over,
@@ -279,7 +287,7 @@ def derive_worker_configs(job: RLJob) -> WorkerConfigs:
     return WorkerConfigs(
         rollout=_rollout_config(spec),
         reward=RewardWorkerConfig(
-            functions=spec.reward.functions,
+            functions=[_with_batch_size(f, spec.algorithm.group_size) for f in spec.reward.functions],
             timeout_seconds=spec.reward.timeout_seconds,
             max_in_flight=spec.reward.max_in_flight_per_replica,
             gpus=spec.reward.gpus_per_replica,

@@ -12,9 +12,10 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
+
+from rljob_workers.common.daemon_pool import DaemonThreadPool
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -41,7 +42,8 @@ class DynamicBatcher(Generic[T, R]):
         self._arrived: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._running: list[_Request[T, R]] = []
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-batch")
+        # a daemon: a batch function that never returns (a user's) must not hold the replica's process at exit
+        self._thread = DaemonThreadPool(1, thread_name_prefix="reward-batch")
 
     @property
     def queued(self) -> int:

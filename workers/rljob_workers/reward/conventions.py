@@ -1,8 +1,9 @@
 """Reward functions as TRL and verl write them, called through rljob's own convention.
 
 - ``rljob``: ``fn(prompt=, completion=, **fields) -> number``, once per sample.
-- ``trl``: ``fn(prompts, completions, **kwargs) -> list[float | None]``, TRL's batched form: here a batch of one
-  sample, `prompts` and `completions` as TRL passes them (text, or lists of messages for conversational data)
+- ``trl``: ``fn(prompts, completions, **kwargs) -> list[float | None]``, TRL's batched form: a batch of the
+  samples that arrive together (`BatchedTrl`, up to rule.batchSize; an async function one at a time),
+  `prompts` and `completions` as TRL passes them (text, or lists of messages for conversational data)
   and every data field as a list in kwargs. ``None`` means the function does not apply to the sample: the
   sample's reward is then the weighted sum of the functions that do.
 - ``verl``: ``compute_score(data_source, solution_str, ground_truth, extra_info=None)``, filled from the row's
@@ -92,11 +93,14 @@ def _verl_answer(name: str, answer: object) -> object:
     return ScoreWithMetrics(answer["score"], metrics)
 
 
-def adapt(fn: RewardCallable, signature: str, name: str) -> RewardCallable:
+def adapt(fn: RewardCallable, signature: str, name: str, batch_size: int = 1) -> RewardCallable:
     """`fn` called with rljob's keyword arguments (prompt, completion, messages, the fields), answering as rljob
-    reads answers; rljob's own functions as they are."""
+    reads answers; rljob's own functions as they are. A sync TRL function with `batch_size` > 1 is called with
+    the samples that arrive together, up to that many (`BatchedTrl`)."""
     if signature == "rljob":
         return fn
+    if signature == "trl" and batch_size > 1 and not is_async(fn):
+        return BatchedTrl(fn, name, batch_size)
 
     def answer(value: object) -> object:
         return _trl_answer(name, value) if signature == "trl" else _verl_answer(name, value)
@@ -121,3 +125,42 @@ def peer_arguments(
     if signature == "trl":
         return _trl_arguments(prompt, completion, messages, fields)
     return _verl_arguments(completion, fields)
+
+
+# How long a sample waits for others to share its call: the samples of a group, scored together, come within it.
+TRL_BATCH_WAIT_SECONDS = 0.005
+
+
+class BatchedTrl:
+    """A sync TRL function called with batches: each sample's call waits TRL_BATCH_WAIT_SECONDS for the others
+    that arrive with it (up to `batch_size`), then one call of the function scores them all, off the event
+    loop; its list answer is split back, one score (or None) each. A list of the wrong length fails every
+    sample of the batch, naming the function."""
+
+    def __init__(self, fn: RewardCallable, name: str, batch_size: int) -> None:
+        from rljob_workers.reward.batcher import DynamicBatcher
+
+        self.fn, self.name = fn, name
+        self.batcher: DynamicBatcher[tuple[str, str, Any, dict[str, Any]], object] = DynamicBatcher(
+            self._score_batch, batch_size=batch_size, max_wait_s=TRL_BATCH_WAIT_SECONDS
+        )
+
+    async def __call__(self, prompt: str, completion: str, messages: Any = None, **fields: Any) -> object:
+        return await self.batcher.submit((prompt, completion, messages, fields))
+
+    def _score_batch(self, items: list[tuple[str, str, Any, dict[str, Any]]]) -> list[object]:
+        arguments = [
+            _trl_arguments(prompt, completion, messages, fields) for prompt, completion, messages, fields in items
+        ]
+        batch = {key: [value for args in arguments for value in args[key]] for key in arguments[0]}
+        answer = self.fn(**batch)
+        if not isinstance(answer, list | tuple):
+            raise TypeError(f"reward function {self.name!r} (trl) returned {type(answer).__name__}, not a list")
+        if len(answer) != len(items):
+            raise ValueError(
+                f"reward function {self.name!r} (trl) returned {len(answer)} scores for {len(items)} completions"
+            )
+        return [NOT_APPLICABLE if value is None else value for value in answer]
+
+    async def close(self) -> None:
+        await self.batcher.close()

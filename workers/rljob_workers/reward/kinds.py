@@ -67,7 +67,7 @@ def _load_rule(spec: RewardFunction, has_models: bool) -> _Rule:
     fn = load_function(spec.name, spec.rule.function)
     signature, _ = resolve_signature(fn, spec.rule.signature)
     if signature != "rljob":  # a peer's convention: called through its adapter, without judge or sample
-        return _Rule(adapt(fn, signature, spec.name), False, False)
+        return _Rule(adapt(fn, signature, spec.name, spec.rule.batch_size or 1), False, False)
     rule = _Rule(fn, takes_judge(fn), declares(fn, "sample"))
     if rule.takes_judge and not is_async(fn):
         raise RewardConfigError(
