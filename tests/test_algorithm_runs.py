@@ -104,8 +104,9 @@ def test_each_preset_learns_the_example(preset: str, example: dict[str, Path], t
     print(f"{preset}: {len(rewards)} steps, rewards {[round(r, 2) for r in rewards]}")
     assert rc in (0, 128 + signal.SIGINT), out[-3000:]
     # The weak base model (its reward about 0.13): one step's 128 samples of 16 prompts scatter about 0.03 from
-    # run to run, so the first two steps' mean is held to 0.2 (one step alone would cross it about 1 run in 80).
-    assert statistics.fmean(rewards[:2]) <= 0.2, rewards[:2]
+    # run to run, so step 1, the only one all sampled from the base model, is held to 0.25, four of those above.
+    # (Step 2's samples may come from the policy after one update: GSPO's reached 0.27 there, in CI.)
+    assert rewards[0] <= 0.25, rewards[:2]
     hit = reached(records)
     assert hit is not None, f"{preset}: last {WINDOW} steps' mean {statistics.fmean(rewards[-WINDOW:]):.2f}"
     assert hit["step"] <= budget and len(records) <= hit["step"] + 2, (hit["step"], len(records))  # stopped at once

@@ -6,6 +6,7 @@ more when Ray's start runs out of its fixed time, and stopped without Ray's wait
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -121,6 +122,10 @@ def shutdown_ray() -> None:
     has nothing to autoscale, so the monitor goes first, by SIGKILL (its handler would publish an
     "autoscaler failed" error to this driver). Ray has no public hook for it; a Ray without this
     private one just takes the second."""
+    # Ray object refs caught in reference cycles (a failed task's exception holds the frames it passed through,
+    # one of them the task itself) go now, while Ray is up: one freed after ray.shutdown() touches the shut core
+    # worker, which ends this process at once (core_worker_process.cc), and a trainer restart needs it alive.
+    gc.collect()
     node = getattr(ray._private.worker, "_global_node", None)
     if node is not None:  # a driver connected to a cluster's Ray owns no processes: this kills nothing
         with contextlib.suppress(Exception):
