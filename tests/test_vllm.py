@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -175,6 +176,21 @@ def test_rljob_run_with_vllm_learns_survives_a_killed_replica_and_reports_the_mi
     mismatch = [r["logprob_mismatch_mean"] for r in records]
     assert None not in mismatch and max(mismatch) < LOGPROB_TOLERANCE, mismatch
     print(f"rewards {rewards[0]:.3f} -> {statistics.fmean(rewards[-5:]):.3f}; mismatch max {max(mismatch):.2e}")
+    _assert_vllm_logged_to_its_file(output, out)
+
+
+# vLLM's own line format: "INFO 12-04 21:00:00 [loader.py:123] ..."
+VLLM_LINE = re.compile(r"\b(DEBUG|INFO|WARNING) \d\d-\d\d \d\d:\d\d:\d\d \[")
+
+
+def _assert_vllm_logged_to_its_file(output: str, out: Path) -> None:
+    """vLLM's INFO lines and its reload warnings ("Failed to load weights": layers without checkpoint weights)
+    went to the run's log file, none to the terminal, which Ray forwards the replicas' output to."""
+    forwarded = [line for line in output.splitlines() if VLLM_LINE.search(line) or "Failed to load weights" in line]
+    assert not forwarded, forwarded[:10]
+    logged = (out / "logs" / "vllm.log").read_text()
+    assert "Failed to load weights" in logged and " vllm" in logged, logged[-2000:]
+    print(f"terminal: {len(output.splitlines())} lines; logs/vllm.log: {len(logged.splitlines())} lines")
 
 
 def _kill_the_replica_at(run: subprocess.Popen[str], metrics: Path, step: int) -> int:
@@ -188,3 +204,33 @@ def _kill_the_replica_at(run: subprocess.Popen[str], metrics: Path, step: int) -
             return trained
         time.sleep(0.2)
     raise AssertionError(f"the run ended or hung before step {step} (rc {run.poll()})")
+
+
+def test_the_tool_example_learns_with_vllm_and_later_turns_find_their_prefix_cached(
+    calculator: dict[str, Path], tmp_path: Path
+) -> None:
+    """examples/calculator.yaml with engine vllm (#55): the episodes' turns go to vLLM as token ids, each later
+    turn continuing its episode's earlier ones token for token, on the replica that played them, so vLLM's prefix
+    cache holds them (within a policy version: a weight update resets it). The tiny model learns to call the tool
+    and copy its answer as it does with the hf engine, and the steps report a prefix-cache hit rate above 0."""
+    assert VLLM_PYTHON is not None
+    doc = yaml.safe_load((REPO / "examples" / "calculator.yaml").read_text())
+    spec = doc["spec"]
+    spec["model"]["path"], spec["data"]["path"] = str(calculator["model"]), str(calculator["data"])
+    spec["data"].pop("eval")
+    spec["rollout"]["engine"] = "vllm"
+    spec["checkpoint"]["dir"] = str(tmp_path / "checkpoints")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    out, log = tmp_path / "out", tmp_path / "run.log"
+    command = [str(RLJOB), "run", str(job), "--rollout-python", VLLM_PYTHON, "--no-display", "--output", str(out)]
+    with log.open("w") as sink:
+        done = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, text=True, timeout=1200)
+    assert done.returncode == 0, log.read_text()[-5000:]
+    records = read_metrics(out / "metrics.jsonl")
+    rewards = [r["reward_mean"] for r in records]
+    rates = [r["episodes"].get("prefix_cache_hit_rate") for r in records]
+    print(f"rewards {[round(r, 2) for r in rewards]}\nprefix-cache hit rates {rates}")
+    assert rewards[0] <= 0.2 and statistics.fmean(rewards[-5:]) >= 0.8, rewards
+    assert None not in rates and max(rates) > 0, rates  # vLLM reported its cache on every step's later turns
+    _assert_vllm_logged_to_its_file(log.read_text(), out)

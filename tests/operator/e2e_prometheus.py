@@ -25,8 +25,9 @@ import yaml
 from e2e_cluster import CHART, Cluster, free_port, wait_for
 
 SCRAPE_INTERVAL = "2s"
-# The series only a job with environments exports (driver/telemetry/episode_metrics.py)
-EPISODE_SERIES = ("rljob_episode", "rljob_environment_", "rljob_tool_calls")
+# The series only a job with environments exports (driver/telemetry/episode_metrics.py; the prefix cache only
+# where the engine reports it)
+EPISODE_SERIES = ("rljob_episode", "rljob_environment_", "rljob_tool_calls", "rljob_prefix_cache")
 DASHBOARD = CHART / "files" / "rljob-dashboard.json"
 
 

@@ -87,6 +87,7 @@ class FinishedSample:
     finish_reason: FinishReason
     text: str
     last_policy_version: int | None = None  # None: policy_version made every token
+    cached_prompt_tokens: int | None = None  # prompt tokens served from the prefix cache; None: the engine keeps none
 
     @property
     def sample_id(self) -> str:

@@ -36,6 +36,10 @@ EXTENSION = "rljob_workers.engines.vllm_worker.WeightReceiver"
 # The KV cache of an engine on the CPU, unless VLLM_CPU_KVCACHE_SPACE (GiB) says otherwise: vLLM's own
 # default takes most of the machine's memory, which the other pools need.
 CPU_KV_CACHE_BYTES = 512 * 1024 * 1024
+# The KV block of an engine on the CPU, in tokens: the smallest its attention kernel takes. The prefix cache
+# reuses whole blocks only, and vLLM's CPU default of 128 leaves an agent's short turns nothing to reuse (the
+# tiny models' whole context is 64 tokens); GPU engines keep vLLM's own (16).
+CPU_BLOCK_TOKENS = 32
 # Where a pulled version is handed to the workers as a safetensors file: memory, where Linux has it.
 HANDOFF_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
 
@@ -62,6 +66,7 @@ def engine_args(config: RolloutWorkerConfig) -> dict[str, Any]:
         # generator cannot do, and the engine dies ("CPU Generator does not use offset"); every rljob sample
         # is seeded. Unsplit, a step takes whole prompts only (a longer one waits for a step of its own).
         args["enable_chunked_prefill"] = False
+        args["block_size"] = CPU_BLOCK_TOKENS
         if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
             args["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     return args
@@ -108,10 +113,10 @@ class VLLMEngine(PerSampleEngine):
 
     async def _one(self, prompt: PromptInput, index: int, sampling: SamplingConfig) -> FinishedSample:
         if self.weight_update == "inflight":
-            first, last, completion = await self._generate(prompt, index, sampling)
+            first, last, completion, cached = await self._generate(prompt, index, sampling)
         else:
             async with self._gate.request() as version:
-                _, _, completion = await self._generate(prompt, index, sampling)
+                _, _, completion, cached = await self._generate(prompt, index, sampling)
             first = last = version
         tokens = list(completion.token_ids)
         logprobs = [step[token].logprob for step, token in zip(completion.logprobs or [], tokens, strict=True)]
@@ -125,10 +130,12 @@ class VLLMEngine(PerSampleEngine):
             last_policy_version=last,
             finish_reason=finish_reason(completion.finish_reason),
             text=completion.text,
+            cached_prompt_tokens=cached,
         )
 
-    async def _generate(self, prompt: PromptInput, index: int, sampling: SamplingConfig) -> tuple[int, int, Any]:
-        """One request to its end: (first version, last version, vLLM's completion)."""
+    async def _generate(self, prompt: PromptInput, index: int, sampling: SamplingConfig) -> tuple[int, int, Any, int]:
+        """One request to its end: (first version, last version, vLLM's completion, its prompt tokens served from
+        the prefix cache)."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -153,7 +160,8 @@ class VLLMEngine(PerSampleEngine):
             raise RuntimeError(f"vllm returned nothing for {prompt.prompt_id}/{index}")
         completion = final.outputs[0]
         spans = [_version_of(span.version, started) for span in getattr(completion, "weight_versions", None) or []]
-        return (spans[0] if spans else started), (spans[-1] if spans else started), completion
+        cached = int(getattr(final, "num_cached_tokens", None) or 0)
+        return (spans[0] if spans else started), (spans[-1] if spans else started), completion, cached
 
     # ---- weights: received in the workers --------------------------------------------------------
     @property

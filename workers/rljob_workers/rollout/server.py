@@ -98,6 +98,7 @@ def to_completion(sample: FinishedSample) -> sample_pb2.Completion:
         last_policy_version=sample.newest_version,
         finish_reason=_FINISH[sample.finish_reason],
         text=sample.text,
+        cached_prompt_tokens=sample.cached_prompt_tokens,
     )
 
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import struct_pb2 as google_dot_protobuf_dot_struct__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15rljob/v1/sample.proto\x12\x08rljob.v1\x1a\x1cgoogle/protobuf/struct.proto\"w\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x04\"\xf2\x01\n\nCompletion\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x11\n\tprompt_id\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12\x11\n\ttoken_ids\x18\x05 \x03(\x05\x12\x10\n\x08logprobs\x18\x06 \x03(\x02\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x03\x12-\n\rfinish_reason\x18\x08 \x01(\x0e\x32\x16.rljob.v1.FinishReason\x12\x0c\n\x04text\x18\t \x01(\t\x12\x1b\n\x13last_policy_version\x18\n \x01(\x03\"\x8a\x03\n\x0cRewardSample\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x11\n\tprompt_id\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x12\n\ncompletion\x18\x04 \x01(\t\x12\x32\n\x06\x66ields\x18\x05 \x03(\x0b\x32\".rljob.v1.RewardSample.FieldsEntry\x12\x11\n\ttoken_ids\x18\x06 \x03(\x05\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x03\x12\'\n\x08messages\x18\x08 \x03(\x0b\x32\x15.rljob.v1.ChatMessage\x12\x32\n\x06values\x18\t \x03(\x0b\x32\".rljob.v1.RewardSample.ValuesEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x45\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x84\x01\n\nScoreError\x12)\n\x0b\x65rror_class\x18\x01 \x01(\x0e\x32\x14.rljob.v1.ErrorClass\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x10\n\x08\x66unction\x18\x03 \x01(\t\x12(\n\x07refusal\x18\x04 \x01(\x0e\x32\x17.rljob.v1.RefusalReason\"\xdb\x01\n\x0bSampleScore\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x39\n\ncomponents\x18\x03 \x03(\x0b\x32%.rljob.v1.SampleScore.ComponentsEntry\x12#\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x14.rljob.v1.ScoreError\x12\x17\n\x0flatency_seconds\x18\x05 \x01(\x01\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03*w\n\nErrorClass\x12\x1b\n\x17\x45RROR_CLASS_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45RROR_CLASS_INVALID\x10\x01\x12\x18\n\x14\x45RROR_CLASS_FUNCTION\x10\x02\x12\x19\n\x15\x45RROR_CLASS_TRANSIENT\x10\x03*s\n\rRefusalReason\x12\x1e\n\x1aREFUSAL_REASON_UNSPECIFIED\x10\x00\x12\x1b\n\x17REFUSAL_REASON_DRAINING\x10\x01\x12%\n!REFUSAL_REASON_RESOURCE_EXHAUSTED\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15rljob/v1/sample.proto\x12\x08rljob.v1\x1a\x1cgoogle/protobuf/struct.proto\"w\n\x0eSamplingParams\x12\x13\n\x0btemperature\x18\x01 \x01(\x02\x12\r\n\x05top_p\x18\x02 \x01(\x02\x12\r\n\x05top_k\x18\x03 \x01(\x05\x12\x16\n\x0emax_new_tokens\x18\x04 \x01(\x05\x12\x0c\n\x04stop\x18\x05 \x03(\t\x12\x0c\n\x04seed\x18\x06 \x01(\x04\"\xae\x02\n\nCompletion\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x11\n\tprompt_id\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x18\n\x10prompt_token_ids\x18\x04 \x03(\x05\x12\x11\n\ttoken_ids\x18\x05 \x03(\x05\x12\x10\n\x08logprobs\x18\x06 \x03(\x02\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x03\x12-\n\rfinish_reason\x18\x08 \x01(\x0e\x32\x16.rljob.v1.FinishReason\x12\x0c\n\x04text\x18\t \x01(\t\x12\x1b\n\x13last_policy_version\x18\n \x01(\x03\x12!\n\x14\x63\x61\x63hed_prompt_tokens\x18\x0b \x01(\x05H\x00\x88\x01\x01\x42\x17\n\x15_cached_prompt_tokens\"\x8a\x03\n\x0cRewardSample\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\x11\n\tprompt_id\x18\x02 \x01(\t\x12\x0e\n\x06prompt\x18\x03 \x01(\t\x12\x12\n\ncompletion\x18\x04 \x01(\t\x12\x32\n\x06\x66ields\x18\x05 \x03(\x0b\x32\".rljob.v1.RewardSample.FieldsEntry\x12\x11\n\ttoken_ids\x18\x06 \x03(\x05\x12\x16\n\x0epolicy_version\x18\x07 \x01(\x03\x12\'\n\x08messages\x18\x08 \x03(\x0b\x32\x15.rljob.v1.ChatMessage\x12\x32\n\x06values\x18\t \x03(\x0b\x32\".rljob.v1.RewardSample.ValuesEntry\x1a-\n\x0b\x46ieldsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x1a\x45\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12%\n\x05value\x18\x02 \x01(\x0b\x32\x16.google.protobuf.Value:\x02\x38\x01\",\n\x0b\x43hatMessage\x12\x0c\n\x04role\x18\x01 \x01(\t\x12\x0f\n\x07\x63ontent\x18\x02 \x01(\t\"\x84\x01\n\nScoreError\x12)\n\x0b\x65rror_class\x18\x01 \x01(\x0e\x32\x14.rljob.v1.ErrorClass\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x10\n\x08\x66unction\x18\x03 \x01(\t\x12(\n\x07refusal\x18\x04 \x01(\x0e\x32\x17.rljob.v1.RefusalReason\"\xdb\x01\n\x0bSampleScore\x12\x11\n\tsample_id\x18\x01 \x01(\t\x12\r\n\x05score\x18\x02 \x01(\x01\x12\x39\n\ncomponents\x18\x03 \x03(\x0b\x32%.rljob.v1.SampleScore.ComponentsEntry\x12#\n\x05\x65rror\x18\x04 \x01(\x0b\x32\x14.rljob.v1.ScoreError\x12\x17\n\x0flatency_seconds\x18\x05 \x01(\x01\x1a\x31\n\x0f\x43omponentsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03*w\n\nErrorClass\x12\x1b\n\x17\x45RROR_CLASS_UNSPECIFIED\x10\x00\x12\x17\n\x13\x45RROR_CLASS_INVALID\x10\x01\x12\x18\n\x14\x45RROR_CLASS_FUNCTION\x10\x02\x12\x19\n\x15\x45RROR_CLASS_TRANSIENT\x10\x03*s\n\rRefusalReason\x12\x1e\n\x1aREFUSAL_REASON_UNSPECIFIED\x10\x00\x12\x1b\n\x17REFUSAL_REASON_DRAINING\x10\x01\x12%\n!REFUSAL_REASON_RESOURCE_EXHAUSTED\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,28 +38,28 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_REWARDSAMPLE_VALUESENTRY']._serialized_options = b'8\001'
   _globals['_SAMPLESCORE_COMPONENTSENTRY']._loaded_options = None
   _globals['_SAMPLESCORE_COMPONENTSENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1231
-  _globals['_FINISHREASON']._serialized_end=1351
-  _globals['_ERRORCLASS']._serialized_start=1353
-  _globals['_ERRORCLASS']._serialized_end=1472
-  _globals['_REFUSALREASON']._serialized_start=1474
-  _globals['_REFUSALREASON']._serialized_end=1589
+  _globals['_FINISHREASON']._serialized_start=1291
+  _globals['_FINISHREASON']._serialized_end=1411
+  _globals['_ERRORCLASS']._serialized_start=1413
+  _globals['_ERRORCLASS']._serialized_end=1532
+  _globals['_REFUSALREASON']._serialized_start=1534
+  _globals['_REFUSALREASON']._serialized_end=1649
   _globals['_SAMPLINGPARAMS']._serialized_start=65
   _globals['_SAMPLINGPARAMS']._serialized_end=184
   _globals['_COMPLETION']._serialized_start=187
-  _globals['_COMPLETION']._serialized_end=429
-  _globals['_REWARDSAMPLE']._serialized_start=432
-  _globals['_REWARDSAMPLE']._serialized_end=826
-  _globals['_REWARDSAMPLE_FIELDSENTRY']._serialized_start=710
-  _globals['_REWARDSAMPLE_FIELDSENTRY']._serialized_end=755
-  _globals['_REWARDSAMPLE_VALUESENTRY']._serialized_start=757
-  _globals['_REWARDSAMPLE_VALUESENTRY']._serialized_end=826
-  _globals['_CHATMESSAGE']._serialized_start=828
-  _globals['_CHATMESSAGE']._serialized_end=872
-  _globals['_SCOREERROR']._serialized_start=875
-  _globals['_SCOREERROR']._serialized_end=1007
-  _globals['_SAMPLESCORE']._serialized_start=1010
-  _globals['_SAMPLESCORE']._serialized_end=1229
-  _globals['_SAMPLESCORE_COMPONENTSENTRY']._serialized_start=1180
-  _globals['_SAMPLESCORE_COMPONENTSENTRY']._serialized_end=1229
+  _globals['_COMPLETION']._serialized_end=489
+  _globals['_REWARDSAMPLE']._serialized_start=492
+  _globals['_REWARDSAMPLE']._serialized_end=886
+  _globals['_REWARDSAMPLE_FIELDSENTRY']._serialized_start=770
+  _globals['_REWARDSAMPLE_FIELDSENTRY']._serialized_end=815
+  _globals['_REWARDSAMPLE_VALUESENTRY']._serialized_start=817
+  _globals['_REWARDSAMPLE_VALUESENTRY']._serialized_end=886
+  _globals['_CHATMESSAGE']._serialized_start=888
+  _globals['_CHATMESSAGE']._serialized_end=932
+  _globals['_SCOREERROR']._serialized_start=935
+  _globals['_SCOREERROR']._serialized_end=1067
+  _globals['_SAMPLESCORE']._serialized_start=1070
+  _globals['_SAMPLESCORE']._serialized_end=1289
+  _globals['_SAMPLESCORE_COMPONENTSENTRY']._serialized_start=1240
+  _globals['_SAMPLESCORE_COMPONENTSENTRY']._serialized_end=1289
 # @@protoc_insertion_point(module_scope)

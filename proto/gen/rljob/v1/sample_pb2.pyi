@@ -56,7 +56,7 @@ class SamplingParams(_message.Message):
     def __init__(self, temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., top_k: _Optional[int] = ..., max_new_tokens: _Optional[int] = ..., stop: _Optional[_Iterable[str]] = ..., seed: _Optional[int] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("sample_id", "prompt_id", "index", "prompt_token_ids", "token_ids", "logprobs", "policy_version", "finish_reason", "text", "last_policy_version")
+    __slots__ = ("sample_id", "prompt_id", "index", "prompt_token_ids", "token_ids", "logprobs", "policy_version", "finish_reason", "text", "last_policy_version", "cached_prompt_tokens")
     SAMPLE_ID_FIELD_NUMBER: _ClassVar[int]
     PROMPT_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +67,7 @@ class Completion(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     TEXT_FIELD_NUMBER: _ClassVar[int]
     LAST_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CACHED_PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     sample_id: str
     prompt_id: str
     index: int
@@ -77,7 +78,8 @@ class Completion(_message.Message):
     finish_reason: FinishReason
     text: str
     last_policy_version: int
-    def __init__(self, sample_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., index: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., last_policy_version: _Optional[int] = ...) -> None: ...
+    cached_prompt_tokens: int
+    def __init__(self, sample_id: _Optional[str] = ..., prompt_id: _Optional[str] = ..., index: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., token_ids: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., policy_version: _Optional[int] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., text: _Optional[str] = ..., last_policy_version: _Optional[int] = ..., cached_prompt_tokens: _Optional[int] = ...) -> None: ...
 
 class RewardSample(_message.Message):
     __slots__ = ("sample_id", "prompt_id", "prompt", "completion", "fields", "token_ids", "policy_version", "messages", "values")

@@ -62,6 +62,10 @@ class Transcript:
     first_version: int | None = None
     last_version: int = 0
     last_text: str = ""  # the last model turn's text
+    # Of the turns after the first, which continue the episode's earlier ones: their prompt tokens, and how
+    # many of them the engine served from its prefix cache (where it reports it: None otherwise).
+    later_prompt_tokens: int = 0
+    later_cached_tokens: int | None = None
 
     @property
     def turns(self) -> int:
@@ -72,6 +76,9 @@ class Transcript:
         return self.final_reward + sum(self.turn_rewards)
 
     def add_turn(self, completion: sample_pb2.Completion, text: str) -> None:
+        if self.turns and completion.HasField("cached_prompt_tokens"):
+            self.later_prompt_tokens += len(self.prompt_ids) + len(self.ids)
+            self.later_cached_tokens = (self.later_cached_tokens or 0) + completion.cached_prompt_tokens
         self.ids += completion.token_ids
         self.logprobs += completion.logprobs
         self.mask += [1] * len(completion.token_ids)

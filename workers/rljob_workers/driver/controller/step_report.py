@@ -64,6 +64,11 @@ def episode_metrics(scored: list[Sample], stats: dict[str, float] | None) -> dic
         return dict(stats or {})
     turns = [episode.turns for episode in episodes]
     tools = Counter(tool for episode in episodes for tool in episode.tools if tool)
+    reported = [e for e in episodes if e.later_cached_tokens is not None and e.later_prompt_tokens]
+    cache = {}
+    if reported:  # the engine keeps a prefix cache: how much of the later turns' prompts it found there
+        hits = sum(e.later_cached_tokens or 0 for e in reported) / sum(e.later_prompt_tokens for e in reported)
+        cache = {"prefix_cache_hit_rate": hits}
     return {
         "turns_mean": sum(turns) / len(turns),
         "turns_max": float(max(turns)),
@@ -71,6 +76,7 @@ def episode_metrics(scored: list[Sample], stats: dict[str, float] | None) -> dic
         "truncated_share": sum(1 for e in episodes if e.truncated) / len(episodes),
         "return_mean": sum(e.episode_return for e in episodes) / len(episodes),
         **{f"tool_calls_{tool}": float(n) for tool, n in sorted(tools.items())},
+        **cache,
         **(stats or {}),
     }
 

@@ -8,6 +8,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import ray
@@ -20,6 +21,7 @@ from rljob_api.workercfg import Pool, WorkerConfigs, pool_resource
 from rljob_workers.common.auth import TOKEN_FILE_ENV
 from rljob_workers.driver.controller.report import RunFailed
 from rljob_workers.driver.errors import SetupError, first_line
+from rljob_workers.engines.vllm_logging import vllm_log_env
 from rljob_workers.environment.actor import EnvironmentActor
 from rljob_workers.reward.actor import RewardActor
 from rljob_workers.rollout.actor import RolloutActor
@@ -46,6 +48,12 @@ def worker_env(token_file: str) -> dict[str, str]:
     """What every pool process needs in its environment; `token_file` is where it reads the job's token
     (see common/auth.py)."""
     return {**WORKER_ENV, TOKEN_FILE_ENV: token_file}
+
+
+def local_worker_env(configs: WorkerConfigs, output: Path, token_file: str) -> dict[str, str]:
+    """`worker_env` of a run on one machine writing to `output`: vLLM's own log goes to the run's log file
+    there, not the terminal (engines.vllm_logging)."""
+    return {**worker_env(token_file), **vllm_log_env(configs, output)}
 
 
 async def pool_started(pool: Pool, loads: str, start: Awaitable[T]) -> T:

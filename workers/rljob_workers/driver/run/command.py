@@ -104,14 +104,14 @@ def check_models_while_ray_starts(plan: RunPlan) -> Trackers:
 
     Ray starts here, not in the thread, because its processes die with the thread that started them
     (PR_SET_PDEATHSIG). A model check's error wins over Ray's: it is the one the user can act on."""
-    from rljob_workers.driver.placement.launcher import worker_env
+    from rljob_workers.driver.placement.launcher import local_worker_env
     from rljob_workers.driver.placement.ray_node import init_local_ray
 
     assert plan.token is not None
     with ThreadPoolExecutor(1, thread_name_prefix="rljob-setup") as setup:
         checked = setup.submit(_check_models_and_start_trackers, plan)
         try:
-            init_local_ray(plan.configs, plan.pool_cpus, worker_env(plan.token.path))
+            init_local_ray(plan.configs, plan.pool_cpus, local_worker_env(plan.configs, plan.output, plan.token.path))
         except Exception:
             checked.result().close(1)  # a failed check is the error to show
             raise

@@ -27,7 +27,7 @@ from rljob_workers.driver.controller.report import Counts, RunFailed, StepReport
 from rljob_workers.driver.controller.set_aside import FAILED_JSONL, SetAside, prompt_limit
 from rljob_workers.driver.controller.status import ControlServicer, RunView, final_status_message
 from rljob_workers.driver.errors import first_line
-from rljob_workers.driver.placement.launcher import worker_env
+from rljob_workers.driver.placement.launcher import local_worker_env
 from rljob_workers.driver.placement.ray_node import init_local_ray, init_ray, shutdown_ray
 from rljob_workers.driver.pools.elastic import ElasticPool
 from rljob_workers.driver.run import deadlines, summary
@@ -104,7 +104,7 @@ class RunSession:
             if plan.cluster:
                 init_ray(address="auto", logging_level=logging.WARNING)
             elif not ray.is_initialized():  # `rljob run` starts it beside its checks (command.py)
-                init_local_ray(plan.configs, plan.pool_cpus, worker_env(token.path))
+                init_local_ray(plan.configs, plan.pool_cpus, local_worker_env(plan.configs, plan.output, token.path))
             return await self._run_until_stopped(prompts, state, resume_dir, token.value)
         finally:
             for lock in locks:
@@ -300,7 +300,7 @@ class RunSession:
 
     def _summary(self, rc: int, view: RunView) -> None:
         summary.write_termination_message(final_status_message(view.snapshot()))
-        plan, elastic = self.plan, self.pools.elastic
+        plan, elastic, environment = self.plan, self.pools.elastic, self.pools.elastic_environment
         end = summary.RunEnd(
             rc,
             plan.output,
@@ -309,6 +309,7 @@ class RunSession:
             checkpoint=self.controller.last_checkpoint if self.controller else None,
             job_file=plan.job_file,
             scored=elastic.scored_by_replica() if elastic is not None else None,
+            played=environment.scored_by_replica() if environment is not None else None,
             trained=bool(self.reports),
         )
         if summary.plots(end):  # drawn while Ray shuts down, which mostly waits on its processes (see _shutdown)

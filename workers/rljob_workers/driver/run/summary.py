@@ -23,6 +23,7 @@ class RunEnd:
     checkpoint: str | None = None
     job_file: Path | None = None
     scored: dict[str, int] | None = None  # samples scored by each reward replica
+    played: dict[str, int] | None = None  # episodes played by each environment replica (kind python)
     trained: bool = False  # some step finished (so metrics.jsonl has lines)
 
 
@@ -46,6 +47,8 @@ def summary_lines(end: RunEnd) -> list[str]:
             lines.append(f"resume with:  rljob run {end.job_file} --resume --output {end.output}")
     if end.scored:  # by reward replica; none without reward functions
         lines.append("reward scored: " + ", ".join(f"{n} {k}" for n, k in end.scored.items()))
+    if end.played:
+        lines.append("episodes played: " + ", ".join(f"{n} {k}" for n, k in end.played.items()))
     lines.extend(eval_lines(end.output / EVAL_JSONL))
     if plots(end):
         lines.append(f"metrics:      {end.output / METRICS_JSONL}")

@@ -17,6 +17,11 @@ STEP_GAUGES: dict[str, tuple[str, str, tuple[str, str] | None]] = {
     "truncated_share": ("rljob_episode_truncated_fraction", "Share of the last step's episodes truncated", None),
     "return_mean": ("rljob_episode_return_mean", "Mean return (turn rewards plus final) of the last step", None),
     "episodes_in_flight": ("rljob_episodes_in_flight", "Episodes being played", None),
+    "prefix_cache_hit_rate": (
+        "rljob_prefix_cache_hit_rate",
+        "Share of the prompt tokens of episodes' later turns the engine served from its prefix cache",
+        None,
+    ),
     "environment_step_seconds_p50": ("rljob_environment_step_seconds", LATENCY_HELP, ("quantile", "0.5")),
     "environment_step_seconds_p99": ("rljob_environment_step_seconds", LATENCY_HELP, ("quantile", "0.99")),
 }
