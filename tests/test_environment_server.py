@@ -114,3 +114,34 @@ def test_serve_environment_serves_a_class_in_one_line_with_reflection(tmp_path):
     finally:
         server.terminate()
         assert server.wait(10) == 0
+
+
+def test_a_replica_at_its_episode_limit_takes_the_next_episode_the_moment_the_client_ended_one():
+    """The client frees an episode's slot when the episode ends (its last answer read, or its budget spent) and
+    cancels the stream; it may start the next at once, before the cancel reaches the replica. That episode waits
+    for the slot; it is not refused (RESOURCE_EXHAUSTED) and restarted for nothing (seen on the real node)."""
+
+    async def back_to_back(episodes: int) -> list[str]:
+        running, _ = await start_environment_server("rljob_workers.tasks.calculator:Calculator", max_episodes=1)
+        refused = []
+        try:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{running.port}") as channel:
+                stub = pb_grpc.EnvironmentServiceStub(channel)
+                for i in range(episodes):
+                    call = stub.Episode()
+                    start = pb.EpisodeStart(episode_id=f"e0-{i}/0", seed=i)
+                    start.task.update({"answer": "3"})
+                    try:
+                        await call.write(pb.EpisodeRequest(start=start))
+                        await call.read()
+                        if i % 2:  # an episode that ends done, then one the client ends (its budget spent)
+                            await call.write(pb.EpisodeRequest(action=pb.Action(text="3", turn=1)))
+                            assert (await call.read()).done
+                    except grpc.aio.AioRpcError as exc:
+                        refused.append(f"episode {i}: {exc.code().name} {exc.details()}")
+                    call.cancel()
+        finally:
+            await running.stop(None)
+        return refused
+
+    assert asyncio.run(back_to_back(40)) == []

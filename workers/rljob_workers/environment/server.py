@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["EnvironmentService"].full_name
 ERROR_KIND = pb.EnvironmentErrorKind
+# How long a new episode waits for a slot on a full replica before it is refused. The client never has more
+# than max_episodes on a replica, so a full one only has not yet seen an episode's end: a cancel in transit.
+SLOT_WAIT_SECONDS = 5.0
 
 
 def error_response(kind: int, message: str) -> pb.EpisodeResponse:
@@ -54,6 +57,7 @@ class EnvironmentServicer(pb_grpc.EnvironmentServiceServicer):
         self.max_episodes, self.step_timeout = max_episodes, step_timeout_seconds
         self.in_flight = 0
         self.episodes_played = 0
+        self._freed = asyncio.Event()  # an episode ended: one waiting for a slot looks again
 
     async def Info(
         self, request: pb.EnvironmentServiceInfoRequest, context: grpc.aio.ServicerContext
@@ -63,23 +67,47 @@ class EnvironmentServicer(pb_grpc.EnvironmentServiceServicer):
     async def Episode(
         self, request_iterator: AsyncIterator[pb.EpisodeRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.EpisodeResponse]:
-        if self.in_flight >= self.max_episodes:
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.max_episodes} episodes in flight")
-        self.in_flight += 1
+        await self._admit(context)
+        ended = False
+
+        def end(_: Any = None) -> None:
+            # Once per episode, at the first of: its last answer, its stream's end as gRPC sees it (a cancel
+            # while an answer is being written leaves this generator suspended until it is collected), the finally.
+            nonlocal ended
+            if not ended:
+                ended = True
+                self.in_flight -= 1
+                self.episodes_played += 1
+                self._freed.set()
+
+        context.add_done_callback(end)  # type: ignore[arg-type]  # grpc-stubs want a class; grpc takes a callable
         episode = EpisodeState(self.cls, self.args)  # the class's instance for this stream
         try:
             async for request in request_iterator:
                 response = await self._answer(episode, request)
-                yield response
                 if response.done or response.HasField("error"):
+                    end()  # before the answer: the client frees the slot as it reads it, and may start the next
+                    yield response
                     return
+                yield response
         except UndecodableRequest as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         finally:
-            self.in_flight -= 1
-            self.episodes_played += 1
+            end()
             with contextlib.suppress(Exception):  # a close that fails must not end the stream with an error
                 await episode.close()
+
+    async def _admit(self, context: grpc.aio.ServicerContext) -> None:
+        """Count a new episode in, once a slot is free (within SLOT_WAIT_SECONDS; refused after)."""
+        deadline = asyncio.get_running_loop().time() + SLOT_WAIT_SECONDS
+        while self.max_episodes and self.in_flight >= self.max_episodes:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{self.max_episodes} episodes in flight")
+            self._freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._freed.wait(), left)
+        self.in_flight += 1
 
     async def _answer(self, episode: EpisodeState, request: pb.EpisodeRequest) -> pb.EpisodeResponse:
         which = request.WhichOneof("kind")
@@ -125,6 +153,7 @@ async def serve_environment_replica(
     config: EnvironmentWorkerConfig, host: str, *, token: str
 ) -> tuple[RunningServer, EnvironmentServicer]:
     """One replica of the job's environment pool, from its worker config (the Ray actor's entry point)."""
+    assert config.class_ref is not None, "a kind image environment's container serves itself"
     return await start_environment_server(
         config.class_ref,
         host=host,
