@@ -81,7 +81,8 @@ e2e-real: setup
 	bash e2e/node-deps.sh
 	bash e2e/images.sh deps
 	nice -n 5 bash e2e/images.sh
-	$(BIN)/pytest -s tests/operator/test_e2e_real.py
+	nice -n 5 bash e2e/images-environment-ts.sh
+	$(BIN)/pytest -s tests/operator/test_e2e_real.py tests/operator/test_e2e_real_environments.py
 
 # The same with `engine: vllm`: the rollout pods on the rollout-vllm-test image with vLLM's CPU build (a 6 GB
 # environment, made once per lock hash). Not in `make test`: more than CI's budget holds.

@@ -2,7 +2,7 @@
 # Push the images e2e/images.sh built to a registry, with the project's version tag
 # (pyproject.toml's version, the chart's appVersion and the CRD's default worker tag):
 #
-#   e2e/images-push.sh REGISTRY [IMAGE...]     IMAGE: operator worker worker-test rollout-vllm-test
+#   e2e/images-push.sh REGISTRY [IMAGE...]     IMAGE: operator worker worker-test rollout-vllm-test environment-ts
 #                                              (default: operator worker)
 #
 # REGISTRY is host[:port]/path, e.g. ghcr.io/rljob, so rljob-operator goes to
@@ -21,7 +21,7 @@ log() { echo "images-push: $*" >&2; }
 die() { log "$*"; exit 1; }
 bah() { buildah --root "${IMG}/storage" --runroot "${IMG}/run" --storage-driver vfs "$@"; }
 
-(($# >= 1)) || die "usage: $0 REGISTRY [operator|worker|worker-test|rollout-vllm-test]..."
+(($# >= 1)) || die "usage: $0 REGISTRY [operator|worker|worker-test|rollout-vllm-test|environment-ts]..."
 registry="${1%/}"
 shift
 [[ "${registry}" =~ ^[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9._/-]+)?$ ]] ||
@@ -29,6 +29,7 @@ shift
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "${REPO}/pyproject.toml" | head -n1)"
 [[ -n "${version}" ]] || die "no version in ${REPO}/pyproject.toml"
 eval "$(bash "${E2E_DIR}/images.sh" env)"
+eval "$(bash "${E2E_DIR}/images-environment-ts.sh" env)"
 
 push_args=()
 [[ -n "${RLJOB_REGISTRY_CERT_DIR:-}" ]] && push_args+=(--cert-dir "${RLJOB_REGISTRY_CERT_DIR}")
@@ -55,6 +56,7 @@ for image in "${images[@]}"; do
     worker) push_one rljob-worker "${RLJOB_E2E_WORKER_ARCHIVE}" ;;
     worker-test) push_one rljob-worker-test "${RLJOB_E2E_WORKER_TEST_ARCHIVE}" ;;
     rollout-vllm-test) push_one rljob-rollout-vllm-test "${RLJOB_E2E_ROLLOUT_VLLM_TEST_ARCHIVE}" ;;
-    *) die "unknown image '${image}': operator, worker, worker-test or rollout-vllm-test" ;;
+    environment-ts) push_one rljob-environment-ts "${RLJOB_E2E_ENVIRONMENT_TS_ARCHIVE}" ;;
+    *) die "unknown image '${image}': operator, worker, worker-test, rollout-vllm-test or environment-ts" ;;
   esac
 done

@@ -150,3 +150,45 @@ def test_the_calculator_example_plays_its_episodes_against_the_typescript_server
     assert steps[-1]["counts"]["environment_errors"] == 0
     calls = sum(step["episodes"].get("tool_calls_calc", 0) for step in steps)
     assert calls > 0 and max(step["episodes"]["turns_max"] for step in steps) >= 2, "the tool was called"
+
+
+def test_the_server_keeps_the_image_contract_of_an_environment_pod(built: Path, tmp_path: Path) -> None:
+    """As a `kind: image` environment's container in an environment pod (docs/environments.md): its port from
+    RLJOB_ENVIRONMENT_PORT, the job's token from the file RLJOB_TOKEN_FILE names, its readiness its health check
+    (what the pod's Ray actor waits for, environment/actor.py), and a step latency from RLJOB_STEP_LATENCY_SECONDS."""
+    import socket
+    import time
+
+    from rljob_workers.environment.actor import container_serving
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    (tmp_path / "token").write_text("job-token\n")
+    env = {
+        "PATH": str(Path(shutil.which("node") or "node").parent),
+        "RLJOB_TOKEN_FILE": str(tmp_path / "token"),
+        "RLJOB_ENVIRONMENT_PORT": str(port),
+        "RLJOB_STEP_LATENCY_SECONDS": "0.3",
+    }
+    command = ["node", "dist/server.js", "--host", "127.0.0.1", "--proto-dir", str(REPO / "proto")]
+
+    async def go(address: str) -> tuple[float, list[pb.EpisodeResponse]]:
+        await asyncio.wait_for(container_serving(address), 20)
+        clients = EnvironmentClients(max_episodes=8, step_timeout=5.0, token="job-token")
+        clients.add("pod", address)
+        started = time.monotonic()
+        try:
+            answers = await _episode(clients, "579", ["calc(123+456)", "579"])
+        finally:
+            await clients.close()
+        return time.monotonic() - started, answers
+
+    with subprocess.Popen(command, cwd=built, env=env, stdout=subprocess.DEVNULL) as proc:
+        try:
+            took, answers = asyncio.run(go(f"127.0.0.1:{port}"))
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    assert answers[-1].done and answers[-1].final_reward == 1.0
+    assert took >= 0.6, took  # two steps of 0.3 s

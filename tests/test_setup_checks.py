@@ -119,6 +119,10 @@ def _cases(assets: Path, tmp_path: Path) -> dict[str, tuple[Callable[[dict[str, 
             lambda s: s["trainer"].update(freeze=["model.embed_tokens.*", "model.layer.0.*"]),
             "spec.trainer.freeze[1]: 'model.layer.0.*' matches no parameter of the model",
         ),
+        "an environment's own image on one machine": (
+            lambda s: s.update(environment={"kind": "image", "image": "ghcr.io/me/env:1"}),
+            "spec.environment.kind: image runs the environment's own container in the pods of a cluster",
+        ),
     }
 
 
@@ -130,6 +134,7 @@ CASES = [
     "reward module that does not import",
     "reward that does not take the data fields",
     "freeze pattern that matches no parameter",
+    "an environment's own image on one machine",
 ]
 
 

@@ -10,7 +10,9 @@ from .base import FieldRuleError, cel, cel_rules
 from .placement import Placement
 from .reward import NAME, OnError, RemoteReward, ReplicaRange, ScalingSpec
 
-EnvironmentKind = Literal["python", "remote"]
+EnvironmentKind = Literal["python", "remote", "image"]
+# Where a `kind: image` environment's server listens in its pod (spec.environment.port's default).
+ENVIRONMENT_PORT = 50055
 CLASS_REF = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
 # Environment calls (an episode's start or a step) in service at once per replica that the elastic policy aims
 # for: a sync environment's calls run on the replica's threads (asyncio's default pool: cores + 4).
@@ -39,7 +41,10 @@ class EnvironmentSpec(Placement):
     """
 
     kind: EnvironmentKind = Field(
-        description="python: `class` runs in environment actors; remote: `remote`'s endpoints."
+        description=(
+            "python: `class` runs in environment actors; remote: `remote`'s endpoints; image: `image` runs as a "
+            "container of its own in each environment pod (any language), beside the Ray actor that supervises it."
+        )
     )
     class_ref: str | None = Field(
         None,
@@ -54,6 +59,26 @@ class EnvironmentSpec(Placement):
     args: dict[str, Any] = Field(
         default_factory=dict,
         description="Keyword arguments of the class (kind python): each episode's instance is `Class(**args)`.",
+    )
+    image: str | None = Field(
+        None,
+        description=(
+            "kind image (on a cluster): the environment's own image, in any language: a second container in each "
+            "environment pod, serving EnvironmentService on all interfaces at `port` and checking the job's token "
+            "(the file RLJOB_TOKEN_FILE names); the pod's Ray actor waits for its grpc.health.v1 before the pool "
+            "routes episodes to it."
+        ),
+        min_length=1,
+        max_length=1024,
+    )
+    port: int = Field(
+        ENVIRONMENT_PORT, description="kind image: the port its server listens on in the pod.", ge=1024, le=65535
+    )
+    command: list[str] | None = Field(
+        None, description="kind image: the container's command (unset: the image's entrypoint).", max_length=64
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="kind image: environment variables of its container (e.g. a latency)."
     )
     replicas: ReplicaRange = Field(
         default_factory=ReplicaRange,
@@ -123,11 +148,18 @@ class EnvironmentSpec(Placement):
             raise FieldRuleError("class", f"is set but kind is {self.kind}")
         if self.kind != "remote" and self.remote is not None:
             raise FieldRuleError("remote", f"is set but kind is {self.kind}")
+        if (self.kind == "image") != (self.image is not None):
+            raise FieldRuleError("image", "must be set exactly when kind is image")
+        if self.kind != "image" and (self.command is not None or self.env):
+            raise FieldRuleError(
+                "command" if self.command is not None else "env", f"applies to kind image, not {self.kind}"
+            )
         return self
 
     model_config = {
         "json_schema_extra": cel_rules(
             cel("has(self.class) == (self.kind == 'python')", "class must be set exactly when kind is python"),
             cel("has(self.remote) == (self.kind == 'remote')", "remote must be set exactly when kind is remote"),
+            cel("has(self.image) == (self.kind == 'image')", "image must be set exactly when kind is image"),
         )
     }

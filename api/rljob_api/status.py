@@ -48,7 +48,7 @@ class PoolsStatus(Model):
     rollout: PoolReplicas = Field(default_factory=PoolReplicas, description="Rollout pool.")
     trainer: PoolReplicas = Field(default_factory=PoolReplicas, description="Trainer pool.")
     reward: PoolReplicas | None = Field(None, description="Reward pool, when functions score samples.")
-    environment: PoolReplicas | None = Field(None, description="Environment pool (spec.environment kind python).")
+    environment: PoolReplicas | None = Field(None, description="Environment pool (kind python or image).")
 
     def of(self, pool: str) -> PoolReplicas | None:
         """One pool's counts, None for a pool the job does not run."""

@@ -64,11 +64,12 @@ def scores_with_functions(spec: RLJobSpec) -> bool:
 
 def cluster_pools(spec: RLJobSpec) -> tuple[Pool, ...]:
     """The pools a cluster renders a worker group of: rollout and trainer; reward when functions score
-    samples; environment for a `kind: python` environment (a remote one is an endpoint outside the job)."""
+    samples; environment for a `kind: python` or `kind: image` environment (a remote one is an endpoint outside
+    the job)."""
     pools: list[Pool] = ["rollout", "trainer"]
     if scores_with_functions(spec):
         pools.append("reward")
-    if spec.environment is not None and spec.environment.kind == "python":
+    if spec.environment is not None and spec.environment.kind in ("python", "image"):
         pools.append("environment")
     return tuple(pools)
 
@@ -118,9 +119,11 @@ class RewardWorkerConfig(Model):
 
 
 class EnvironmentWorkerConfig(Model):
-    """What an environment replica needs (kind python)."""
+    """What an environment replica needs: its class (kind python), or the port of its pod's own container that
+    serves the environment (kind image)."""
 
-    class_ref: str
+    class_ref: str | None = None
+    container_port: int | None = None
     args: dict[str, Any] = {}
     max_episodes: int
     step_timeout_seconds: float
@@ -269,10 +272,11 @@ def _controller_config(job: RLJob, algorithm: Algorithm) -> ControllerConfig:
 
 def _environment_config(spec: RLJobSpec) -> EnvironmentWorkerConfig | None:
     environment = spec.environment
-    if environment is None or environment.class_ref is None:
+    if environment is None or environment.kind == "remote":
         return None
     return EnvironmentWorkerConfig(
         class_ref=environment.class_ref,
+        container_port=environment.port if environment.kind == "image" else None,
         args=environment.args,
         max_episodes=environment.max_episodes_per_replica,
         step_timeout_seconds=environment.step_timeout_seconds,

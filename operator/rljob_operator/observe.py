@@ -27,6 +27,7 @@ class PodInfo:
     created: str = ""
     termination_message: str = ""  # its container's, once it terminated
     image_pull: str = ""  # why a container's image cannot be pulled (IMAGE_PULL_REASONS), naming the image
+    crash_loop: str = ""  # a container the kubelet keeps restarting (CrashLoopBackOff): which, and how it ended
 
     @property
     def serving(self) -> bool:
@@ -84,6 +85,10 @@ class Observed:
             ]
         return [f"pod {p.name}: {p.image_pull}" for p in pods if p is not None and p.image_pull and not p.deleting]
 
+    def crash_loops(self, pool: Pool) -> list[str]:
+        """'pod NAME: which container' for each live pod of `pool` whose container the kubelet keeps restarting."""
+        return [f"pod {p.name}: {p.crash_loop}" for p in self.pool_pods(pool) if p.crash_loop and not p.deleting]
+
 
 def _condition(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     for cond in (obj.get("status") or {}).get("conditions") or ():
@@ -125,7 +130,19 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         created=str(meta.get("creationTimestamp") or ""),
         termination_message=_termination_message(status),
         image_pull=_image_pull(status),
+        crash_loop=_crash_loop(status),
     )
+
+
+def _crash_loop(status: Mapping[str, Any]) -> str:
+    """The first container in CrashLoopBackOff: its name, image and how its last run ended."""
+    for container in status.get("containerStatuses") or ():
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") == "CrashLoopBackOff":
+            ended = ((container.get("lastState") or {}).get("terminated")) or {}
+            how = f"exit code {ended.get('exitCode', '?')}" + (f", {ended['reason']}" if ended.get("reason") else "")
+            return f"container {container.get('name', '?')} ({container.get('image', '?')}) keeps exiting ({how})"
+    return ""
 
 
 def _termination_message(status: Mapping[str, Any]) -> str:

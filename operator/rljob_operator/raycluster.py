@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rljob_api import RLJob
-from rljob_api.placement import Placement, default_shm_size
+from rljob_api.placement import Placement, Resources, default_shm_size
 from rljob_api.workercfg import (
     ELASTIC_POOLS,
     TOKEN_FILE_ENV,
@@ -17,6 +17,7 @@ from rljob_api.workercfg import (
     ray_system_config_env,
 )
 
+from .environment_pod import environment_container
 from .group_sizing import clamp_replicas, elastic_bounds
 from .names import JOB_TOKEN_FILE, component_labels, pool_labels, ray_cluster_name, token_secret_name
 from .options import ElasticGroups, RenderOptions
@@ -144,6 +145,9 @@ def worker_group(job: RLJob, shape: PoolShape, groups: ElasticGroups) -> dict[st
     # The rollout pool runs its engine's own image (vLLM pins its own torch), the other pools the worker image.
     image = job.spec.rollout.image_or(job.spec.image) if shape.pool == "rollout" else job.spec.image
     env = [*_env(job, shape.pool), *(code_env(job) if imports_code else [])]
+    own = environment_container(job) if shape.pool == "environment" else None
+    if own is not None:  # the environment's own container takes spec.environment.resources; the actor its CPUs
+        resources = pool_resources(shape.placement.model_copy(update={"resources": Resources()}), cpus=cpus, gpus=0)
     main = container(job, "ray-worker", security, image, env=env, resources=resources, volumeMounts=mounts)
     template = pod_template(
         pool_labels(job, shape.pool),
@@ -159,6 +163,8 @@ def worker_group(job: RLJob, shape: PoolShape, groups: ElasticGroups) -> dict[st
         tolerations=[t.to_wire() for t in shape.placement.tolerations],
         pull_secrets=job.spec.image_pull_secrets,
     )
+    if own is not None:
+        template["spec"]["containers"].append(own)  # after the Ray container: KubeRay's is the first
     group: dict[str, Any] = {
         "groupName": shape.pool,
         "replicas": shape.replicas,

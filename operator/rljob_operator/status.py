@@ -182,6 +182,10 @@ def _degraded(
         pools = [p for p in POOLS if observed.image_pulls(p)]
         where = f" of pool {', '.join(pools)}" if pools else ""
         return "True", "ImagePullFailed", f"{len(pulls)} pod(s){where} cannot pull their image; {pulls[0]}"
+    crashing = [p for p in POOLS if observed.crash_loops(p)]
+    if crashing:
+        first = observed.crash_loops(crashing[0])
+        return "True", "CrashLoopBackOff", f"pods of pool {', '.join(crashing)} keep crashing; {first[0]}"
     short = [p for p in POOLS if any(GPU_SHORTAGE in m for m in _unschedulable(observed, p))]
     if short:
         gpus = {

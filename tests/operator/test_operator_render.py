@@ -63,7 +63,9 @@ def gpu_job(**spec_changes: Any) -> RLJob:
     return parse_rljob(doc)
 
 
-@pytest.mark.parametrize("example", ["arithmetic", "arithmetic-cluster", "gpu-cluster", "calculator-cluster"])
+@pytest.mark.parametrize(
+    "example", ["arithmetic", "arithmetic-cluster", "gpu-cluster", "calculator-cluster", "agent-gpu-cluster"]
+)
 def test_golden(example: str) -> None:
     text = dump_all(rendered(load_rljob(REPO / "examples" / f"{example}.yaml")))
     golden = GOLDEN / f"{example}.yaml"

@@ -15,9 +15,13 @@
 //
 // Usage: node dist/server.js [--port 50055] [--host 0.0.0.0] [--proto-dir ../../proto]
 // With RLJOB_ENVIRONMENT_TOKEN set, calls must carry `authorization: Bearer <token>` (a remote
-// environment's tokenFile).
+// environment's tokenFile). As a `kind: image` environment in rljob's pods it follows the image contract: the
+// job's token from the file RLJOB_TOKEN_FILE names, its port from RLJOB_ENVIRONMENT_PORT. With
+// RLJOB_STEP_LATENCY_SECONDS set, each tool step waits that long first (a sandbox or a search stands in).
 
+import { readFileSync } from "node:fs";
 import * as path from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
 
 import * as grpc from "@grpc/grpc-js";
@@ -123,7 +127,8 @@ function episode(call: grpc.ServerDuplexStream<EpisodeRequest, EpisodeResponse>)
     if (counted) state.episodes -= 1;
     counted = false;
   };
-  call.on("data", (request: EpisodeRequest) => {
+  call.on("data", async (request: EpisodeRequest) => {
+    if (request.action && STEP_LATENCY_MS > 0) await sleep(STEP_LATENCY_MS); // a step, not a start
     call.write(answer(request));
   });
   call.on("end", () => {
@@ -176,6 +181,16 @@ function denied(call: { metadata: grpc.Metadata }): grpc.ServerErrorResponse | u
 
 // ---- start and drain ---------------------------------------------------------------------------
 
+const STEP_LATENCY_MS = Number(process.env.RLJOB_STEP_LATENCY_SECONDS ?? "0") * 1000;
+
+/** The bearer token calls must carry: RLJOB_ENVIRONMENT_TOKEN, else the file RLJOB_TOKEN_FILE names (rljob's pods). */
+function token(): string | undefined {
+  const given = process.env.RLJOB_ENVIRONMENT_TOKEN?.trim();
+  if (given) return given;
+  const file = process.env.RLJOB_TOKEN_FILE;
+  return file ? readFileSync(file, "utf8").trim() || undefined : undefined;
+}
+
 function loadProtos(protoDir: string): protoLoader.PackageDefinition {
   return protoLoader.loadSync(["rljob/v1/environment_service.proto"], {
     includeDirs: [protoDir],
@@ -191,7 +206,7 @@ function main(): void {
   const defaultProtoDir = process.env.RLJOB_PROTO_DIR ?? path.resolve(__dirname, "../../../proto");
   const { values } = parseArgs({
     options: {
-      port: { type: "string", default: "50055" },
+      port: { type: "string", default: process.env.RLJOB_ENVIRONMENT_PORT ?? "50055" },
       host: { type: "string", default: "0.0.0.0" },
       "proto-dir": { type: "string", default: defaultProtoDir },
     },
@@ -200,7 +215,7 @@ function main(): void {
   const proto = grpc.loadPackageDefinition(definition) as unknown as {
     rljob: { v1: { EnvironmentService: grpc.ServiceClientConstructor } };
   };
-  state.token = process.env.RLJOB_ENVIRONMENT_TOKEN?.trim() || undefined;
+  state.token = token();
   const health = new HealthImplementation({ "": "SERVING", [SERVICE]: "SERVING" });
   const server = new grpc.Server();
   server.addService(proto.rljob.v1.EnvironmentService.service, { Episode: episode, Info: info });

@@ -22,11 +22,19 @@ from rljob_workers.reward.remote import token_path
 INFO_TIMEOUT_SECONDS = 1.5
 
 
-def check_environment(job: RLJob) -> EnvironmentInfo | None:
-    """spec.environment's Info (None without one); SetupError naming the field for what cannot run."""
+def check_environment(job: RLJob, *, cluster: bool = False) -> EnvironmentInfo | None:
+    """spec.environment's Info (None without one, or for a `kind: image` one on a cluster: its first replica
+    tells it); SetupError naming the field for what cannot run."""
     spec = job.spec.environment
     if spec is None:
         return None
+    if spec.kind == "image":
+        if cluster:
+            return None
+        raise SetupError(
+            "spec.environment.kind: image runs the environment's own container in the pods of a cluster; on one "
+            "machine serve it yourself and name its address with kind remote, or use kind python"
+        )
     info = _python_info(spec) if spec.class_ref is not None else _remote_info(spec)
     if info.max_turns < 0:
         raise SetupError(f"spec.environment: {info.name!r}'s Info declares max_turns {info.max_turns}")

@@ -45,7 +45,7 @@ def prepare(plan: RunPlan) -> EnvironmentInfo | None:
     spec.environment's Info said. On a cluster the rollout engine is not looked for here: the rollout pods run
     an image of their own (spec.rollout.image); the driver's ports must be free instead."""
     check_quickly(plan)
-    environment = check_environment(plan.job)
+    environment = check_environment(plan.job, cluster=plan.cluster)
     check_models(plan.job)
     if plan.cluster:
         check_ports_free({"control": plan.configs.ports.control, "metrics": plan.configs.ports.metrics})

@@ -133,19 +133,10 @@ def dataset_cache(output: Path) -> Path:
     return output / ".cache" / "datasets"
 
 
-def starting_point(
-    configs: WorkerConfigs, output: Path, resume: bool, tools: tuple[dict[str, Any], ...] = ()
-) -> tuple[Path | None, dict[str, Any], PromptSource]:
-    """Where a run starts: the checkpoint (None: from scratch), its saved state, and the prompts
-    positioned where it left them (rendered offering an environment's `tools`). The metrics lines of steps
-    after the checkpoint (every step, with none) go: those steps are trained again."""
-    resume_dir = resume_from(Path(configs.trainer.checkpoint.dir), resume)
-    state = checkpoint.read_state(resume_dir) if resume_dir else {}
-    if resume_dir:
-        log.info(
-            "resuming from %s: step %d, policy version %d",
-            *(resume_dir, int(state.get("step", 0)), int(state.get("policy_version", 0))),
-        )
+def run_prompts(
+    configs: WorkerConfigs, output: Path, state: dict[str, Any], tools: tuple[dict[str, Any], ...] = ()
+) -> PromptSource:
+    """The data's prompts, positioned where a checkpoint's `state` left them, rendered offering `tools`."""
     data = configs.controller.data
     chat = chat_prompts(
         configs.controller.model_path, data.chat_template, data.messages_field, data.system_prompt, tools
@@ -159,6 +150,23 @@ def starting_point(
     )
     if state:
         prompts.restore(state["data"])
+    return prompts
+
+
+def starting_point(
+    configs: WorkerConfigs, output: Path, resume: bool, tools: tuple[dict[str, Any], ...] = ()
+) -> tuple[Path | None, dict[str, Any], PromptSource]:
+    """Where a run starts: the checkpoint (None: from scratch), its saved state, and the prompts
+    positioned where it left them (rendered offering an environment's `tools`). The metrics lines of steps
+    after the checkpoint (every step, with none) go: those steps are trained again."""
+    resume_dir = resume_from(Path(configs.trainer.checkpoint.dir), resume)
+    state = checkpoint.read_state(resume_dir) if resume_dir else {}
+    if resume_dir:
+        log.info(
+            "resuming from %s: step %d, policy version %d",
+            *(resume_dir, int(state.get("step", 0)), int(state.get("policy_version", 0))),
+        )
+    prompts = run_prompts(configs, output, state, tools)
     cut_metrics_after(output / METRICS_JSONL, int(state.get("step", 0)))
     cut_metrics_after(output / EVAL_JSONL, int(state.get("step", 0)))  # a step's round comes before its checkpoint
     return resume_dir, state, prompts

@@ -33,7 +33,7 @@ from rljob_workers.driver.pools.elastic import ElasticPool
 from rljob_workers.driver.run import deadlines, summary
 from rljob_workers.driver.run.plan import RunPlan
 from rljob_workers.driver.run.pools import JobPools
-from rljob_workers.driver.run.rundir import dataset_cache, job_token, lock_run_folders, starting_point
+from rljob_workers.driver.run.rundir import dataset_cache, job_token, lock_run_folders, run_prompts, starting_point
 from rljob_workers.driver.run.stopping import SignalStop
 from rljob_workers.driver.run.supervision import (
     PoolSupervisor,
@@ -141,6 +141,9 @@ class RunSession:
         weight_sync = await self.pools.sync_first_weights(int(state.get("policy_version", 0)))
         counts = Counts(**state.get("counts", {}))
         episodes = await self._episodes(counts)
+        if episodes is not None and self.plan.environment is None and episodes.play.info.tools:
+            # A kind image environment's Info comes from its first replica: its prompts offer the tools it names.
+            prompts = run_prompts(self.plan.configs, self.plan.output, state, episodes.play.info.tools)
         controller = self.controller = self._controller(prompts, state, weight_sync.overlapped, counts, episodes)
         self.history.trainer_back(controller.step)
         view = self.view = RunView(
