@@ -75,7 +75,9 @@ wait_exec() { # pid exe : until the forked child runs exe (or has exited)
   while ((SECONDS <= deadline)); do
     [[ "$(process_state "${pid}")" =~ ^(Z|X|)$ ]] && return 0 # exited: alive/pid_of will say so, with its log
     cmdline="$(tr '\0' ' ' <"/proc/${pid}/cmdline" 2>/dev/null)" || return 0
-    [[ "${cmdline}" == *"${exe} "* ]] && return 0
+    # Its own command line starts with exe: `setsid exe ...` holds it too, and setsid's exec of exe follows
+    # (an empty command line then, which pid_of took for a death: CI's "kuberay-operator exited (runs: )").
+    [[ "${cmdline}" == "${exe} "* ]] && return 0
     sleep 0.05
   done
 }
