@@ -168,6 +168,22 @@ def calculator(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="session")
+def chat_example(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> dict[str, Path]:
+    """The chat example's model, from the machine's model cache, and its data as `rljob make-model --task
+    arithmetic-chat` writes them; and the plain example's model (no chat template)."""
+    from filelock import FileLock
+
+    data = tmp_path_factory.mktemp("chat") / "chat.jsonl"
+    model = cached_tiny_model(REPO / ".cache" / "models" / "tiny-arith-chat", "arithmetic-chat")
+    rljob = str(Path(sys.executable).parent / "rljob")
+    with FileLock(f"{model}.lock"):
+        args = [rljob, "make-model", "--task", "arithmetic-chat", "--out", str(model), "--data", str(data)]
+        done = subprocess.run(args, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return {"model": model, "data": data, "plain_model": example_model}
+
+
+@pytest.fixture(scope="session")
 def example_model() -> Path:
     """The shipped example's tiny model, where `make model` builds it (.cache/models/tiny-arith): from the
     machine's model cache (`cached_tiny_model`), found there at once after the first build."""

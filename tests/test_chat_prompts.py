@@ -39,7 +39,7 @@ from rljob_workers.reward.callables import WeightedFunction
 from rljob_workers.reward.functions import RewardFunctionSet
 from rljob_workers.tasks.arithmetic import SYSTEM_PROMPT, chat_row, make_problems, write_jsonl
 
-from conftest import REPO, cached_tiny_model, kill_process_tree
+from conftest import REPO, kill_process_tree
 
 pytestmark = pytest.mark.ray
 
@@ -187,26 +187,6 @@ def test_each_rule_has_its_cel_twin() -> None:
 
 
 # ---- set-up refusals at the process boundary ----------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def chat_example(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> dict[str, Path]:
-    """The chat example's model and data as `rljob make-model --task arithmetic-chat` makes them, and the
-    plain example's model (no chat template) to refuse."""
-    root = tmp_path_factory.mktemp("chat")
-    # The build from the machine's model cache; the command below finds it done and writes the data.
-    model = cached_tiny_model(REPO / ".cache" / "models" / "tiny-arith-chat", "arithmetic-chat")
-    from filelock import FileLock
-
-    with FileLock(f"{model}.lock"):
-        done = subprocess.run(
-            [RLJOB, "make-model", "--task", "arithmetic-chat", "--out", str(model), "--data", str(root / "chat.jsonl")],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return {"model": model, "data": root / "chat.jsonl", "plain_model": example_model}
 
 
 def _chat_job(work: Path, example: dict[str, Path], **data: Any) -> Path:

@@ -22,7 +22,7 @@ import yaml
 
 from rljob_workers.driver.telemetry.metrics import first_reaching, read_metrics
 
-from conftest import REPO, cached_tiny_model, kill_process_tree
+from conftest import REPO, kill_process_tree
 
 pytestmark = [pytest.mark.ray]
 
@@ -86,16 +86,9 @@ def _job(example: str, work: Path, model: Path, data: dict[str, Any], function: 
     return job
 
 
-def test_a_verl_parquet_and_compute_score_learn_unchanged(tmp_path: Path) -> None:
-    model = cached_tiny_model(REPO / ".cache" / "models" / "tiny-arith-chat", "arithmetic-chat")
-    made = subprocess.run(
-        [RLJOB, "make-model", "--task", "arithmetic-chat", "--out", str(model), "--data", str(tmp_path / "chat.jsonl")],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert made.returncode == 0, made.stderr[-2000:]
-    chat = [json.loads(line) for line in (tmp_path / "chat.jsonl").read_text().splitlines()]
+def test_a_verl_parquet_and_compute_score_learn_unchanged(tmp_path: Path, chat_example: dict[str, Path]) -> None:
+    model = chat_example["model"]
+    chat = [json.loads(line) for line in chat_example["data"].read_text().splitlines()]
     rows = [  # verl's layout (its examples/data_preprocess): the prompt as messages, the answer in reward_model
         {
             "data_source": "arithmetic",

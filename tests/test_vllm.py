@@ -149,11 +149,7 @@ def test_rljob_run_with_vllm_learns_survives_a_killed_replica_and_reports_the_mi
     spec = doc["spec"]
     spec["model"]["path"] = str(example_model)
     spec["data"]["path"] = str(write_jsonl(tmp_path / "train.jsonl", make_problems(4096, seed=10_000)))
-    spec["checkpoint"]["dir"] = str(tmp_path / "checkpoints")
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(doc))
-    out, log = tmp_path / "out", tmp_path / "run.log"
-    command = [str(RLJOB), "run", str(job), "--rollout-python", VLLM_PYTHON, "--no-display", "--output", str(out)]
+    command, out, log = _vllm_run(doc, tmp_path)
     with log.open("w") as sink:
         run = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, text=True)
         try:
@@ -177,6 +173,21 @@ def test_rljob_run_with_vllm_learns_survives_a_killed_replica_and_reports_the_mi
     assert None not in mismatch and max(mismatch) < LOGPROB_TOLERANCE, mismatch
     print(f"rewards {rewards[0]:.3f} -> {statistics.fmean(rewards[-5:]):.3f}; mismatch max {max(mismatch):.2e}")
     _assert_vllm_logged_to_its_file(output, out)
+
+
+def _vllm_run(doc: dict[str, Any], tmp_path: Path) -> tuple[list[str], Path, Path]:
+    """`rljob run` of the job `doc` on vLLM's runtime (its checkpoints, output and log under `tmp_path`): the
+    command, its output folder and the file its terminal output goes to."""
+    assert VLLM_PYTHON is not None
+    doc["spec"]["checkpoint"]["dir"] = str(tmp_path / "checkpoints")
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(doc))
+    out, log = tmp_path / "out", tmp_path / "run.log"
+    return (
+        [str(RLJOB), "run", str(job), "--rollout-python", VLLM_PYTHON, "--no-display", "--output", str(out)],
+        out,
+        log,
+    )
 
 
 # vLLM's own line format: "INFO 12-04 21:00:00 [loader.py:123] ..."
@@ -219,11 +230,7 @@ def test_the_tool_example_learns_with_vllm_and_later_turns_find_their_prefix_cac
     spec["model"]["path"], spec["data"]["path"] = str(calculator["model"]), str(calculator["data"])
     spec["data"].pop("eval")
     spec["rollout"]["engine"] = "vllm"
-    spec["checkpoint"]["dir"] = str(tmp_path / "checkpoints")
-    job = tmp_path / "job.yaml"
-    job.write_text(yaml.safe_dump(doc))
-    out, log = tmp_path / "out", tmp_path / "run.log"
-    command = [str(RLJOB), "run", str(job), "--rollout-python", VLLM_PYTHON, "--no-display", "--output", str(out)]
+    command, out, log = _vllm_run(doc, tmp_path)
     with log.open("w") as sink:
         done = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT, text=True, timeout=1200)
     assert done.returncode == 0, log.read_text()[-5000:]
