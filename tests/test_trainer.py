@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
-import socket
-import time
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from gloo_ranks import end_rank, join_group, spawn_two_ranks
 
 from rljob_api import AlgorithmSpec, CheckpointSpec, WeightSyncSpec, resolve_algorithm
 from rljob_api.workercfg import TrainerWorkerConfig
@@ -126,8 +123,8 @@ def counting_gathers() -> Iterator[list[int]]:
 
 def _rank_main(
     rank: int,
-    model_dir: str,
     port: int,
+    model_dir: str,
     out: str,
     count: int,
     micro: int,
@@ -135,10 +132,7 @@ def _rank_main(
     strategy: str,
     freeze: tuple[str, ...] = (),
 ) -> None:
-    # A short collective timeout: ranks whose collectives do not pair up fail instead of waiting 30 minutes.
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
-    )
+    join_group(rank, port)
     cfg = config(Path(model_dir), micro).model_copy(update={"strategy": strategy, "freeze": list(freeze)})
     trainer = with_plain_sgd(PolicyTrainer(cfg, torch.device("cpu"), world_size=2))
     samples = samples_for(trainer, count, off_policy)
@@ -146,8 +140,7 @@ def _rank_main(
     with counting_gathers() as gathered:
         weights = dict(trainer.named_weights())
     torch.save({"metrics": metrics, "weights": weights, "gathered": sum(gathered)}, f"{out}/rank{rank}.pt")
-    torch.distributed.barrier()  # ranks live on after a step, as Ray actors do: one short of collectives waits
-    torch.distributed.destroy_process_group()
+    end_rank()  # ranks live on after a step, as Ray actors do: one short of collectives waits at the barrier
 
 
 def run_two_ranks(
@@ -161,25 +154,9 @@ def run_two_ranks(
 ) -> list[dict]:
     """One train step of `count` samples sharded over 2 gloo ranks (spawned processes): each rank's
     metrics and weights. A rank still running after the timeout fails the test rather than blocking it."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     out.mkdir(parents=True, exist_ok=True)
-    ctx = multiprocessing.get_context("spawn")
-    args = (str(model_dir), port, str(out), count, micro, off_policy, strategy, freeze)
-    procs = [ctx.Process(target=_rank_main, args=(rank, *args)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + RANKS_TIMEOUT_SECONDS
-    for p in procs:
-        p.join(max(deadline - time.monotonic(), 0.0))
-    hung = [rank for rank, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
-    assert not hung, f"ranks {hung} still running after {RANKS_TIMEOUT_SECONDS}s"
-    assert [p.exitcode for p in procs] == [0, 0]
+    args = (str(model_dir), str(out), count, micro, off_policy, strategy, freeze)
+    spawn_two_ranks(_rank_main, args, RANKS_TIMEOUT_SECONDS)
     return [torch.load(out / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
 
 

@@ -4,15 +4,13 @@ micro-batches exactly as one batch."""
 
 from __future__ import annotations
 
-import multiprocessing
-import socket
 import statistics
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from gloo_ranks import end_rank, join_group, spawn_two_ranks
 from test_trainer import completion_tokens, config, samples_for, with_plain_sgd
 
 from rljob_workers.trainer.policy import PolicyTrainer
@@ -90,15 +88,13 @@ def test_micro_batches_of_one_step_like_the_whole_batch(model_dir: Path, algorit
         torch.testing.assert_close(steps[1][name], weight, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def _rank_main(rank: int, model_dir: str, port: int, out: str) -> None:
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
-    )
+def _rank_main(rank: int, port: int, model_dir: str, out: str) -> None:
+    join_group(rank, port)
     trainer = PolicyTrainer(config(Path(model_dir), 1, name="reinforce_pp", klCoef=0.5), torch.device("cpu"), 2)
     samples = samples_for(trainer, count=4, off_policy=0.3)
     mine = trainer._batch_normalized(samples[rank::2], completion_tokens(samples), {})
     torch.save([s.token_advantages for s in mine], f"{out}/rank{rank}.pt")
-    torch.distributed.destroy_process_group()
+    end_rank()
 
 
 def test_two_ranks_normalise_over_the_whole_batch(model_dir: Path, tmp_path: Path) -> None:
@@ -106,19 +102,7 @@ def test_two_ranks_normalise_over_the_whole_batch(model_dir: Path, tmp_path: Pat
     single = PolicyTrainer(config(model_dir, 1, name="reinforce_pp", klCoef=0.5), torch.device("cpu"))
     samples = samples_for(single, count=4, off_policy=0.3)
     expected = [s.token_advantages for s in single._batch_normalized(samples, completion_tokens(samples), {})]
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(rank, str(model_dir), port, str(tmp_path))) for rank in range(2)]
-    for proc in procs:
-        proc.start()
-    for proc in procs:
-        proc.join(120)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-    assert [proc.exitcode for proc in procs] == [0, 0]
+    spawn_two_ranks(_rank_main, (str(model_dir), str(tmp_path)), 120.0)
     ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in range(2)]
     assert ranks[0] == [pytest.approx(v, abs=1e-5) for v in expected[0::2]]
     assert ranks[1] == [pytest.approx(v, abs=1e-5) for v in expected[1::2]]

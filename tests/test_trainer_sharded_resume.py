@@ -7,15 +7,12 @@ actors are) are fed the same batches: one pair trains straight through, one is s
 
 from __future__ import annotations
 
-import multiprocessing
-import socket
-import time
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from gloo_ranks import end_rank, join_group, spawn_two_ranks
 from test_trainer import completion_tokens, config, samples_for
 
 from rljob_workers.trainer import checkpoint
@@ -55,9 +52,7 @@ def _save(trainer: PolicyTrainer, rank: int, root: Path, step: int) -> None:
 def _rank_main(rank: int, port: int, model_dir: str, out: str, steps: list[int], mode: str) -> None:
     """Train `steps` (numbers of the batches to feed); `mode`: 'save' checkpoints after the last,
     'resume' starts from the checkpoint, 'fresh-optimizer' from its weights with a new optimizer."""
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
-    )
+    join_group(rank, port)
     root = Path(out) / "ckpt"
     resume = str(checkpoint.latest(root)) if mode in ("resume", "fresh-optimizer") else None
     trainer = _trainer(model_dir, resume)
@@ -72,30 +67,13 @@ def _rank_main(rank: int, port: int, model_dir: str, out: str, steps: list[int],
     if mode == "save":
         _save(trainer, rank, root, steps[-1])
     torch.save(losses, Path(out) / f"rank{rank}-{mode}.pt")
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    end_rank()
 
 
 def _two_ranks(model_dir: Path, out: Path, steps: list[int], mode: str) -> dict[int, dict[str, float]]:
     """Each step's policy loss and entropy over both ranks (combined as the launcher does)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     out.mkdir(parents=True, exist_ok=True)
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=_rank_main, args=(r, port, str(model_dir), str(out), steps, mode)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + TIMEOUT_SECONDS
-    for p in procs:
-        p.join(max(deadline - time.monotonic(), 0.0))
-    hung = [r for r, p in enumerate(procs) if p.is_alive()]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
-    assert not hung, f"ranks {hung} still running after {TIMEOUT_SECONDS}s"
-    assert [p.exitcode for p in procs] == [0, 0]
+    spawn_two_ranks(_rank_main, (str(model_dir), str(out), steps, mode), TIMEOUT_SECONDS)
     per_rank: list[dict[int, Any]] = [torch.load(out / f"rank{r}-{mode}.pt", weights_only=True) for r in (0, 1)]
     combined = {step: combine_rank_metrics([per_rank[0][step], per_rank[1][step]]) for step in steps}
     return {step: {k: combined[step][k] for k in ("policy_loss", "entropy")} for step in steps}
