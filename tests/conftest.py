@@ -7,8 +7,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
@@ -105,6 +107,26 @@ def kill_process_tree(pid: int) -> None:
         except psutil.NoSuchProcess:
             continue
     psutil.wait_procs(tree, timeout=30)
+
+
+def run_until_learned(
+    command: list[str], log: Path, metrics: Path, target: float, window: int, cwd: Path | None = None
+) -> int:
+    """Run `command` (an `rljob run`) until metrics.jsonl shows a `window`-step reward mean of `target`, then
+    SIGINT it (a graceful stop); killed with its tree if still running after 600 s. Its exit code."""
+    from rljob_workers.driver.telemetry.metrics import first_reaching, read_metrics
+
+    with log.open("w") as sink:
+        run = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=cwd)
+        stopped, deadline = False, time.monotonic() + 600
+        while run.poll() is None and time.monotonic() < deadline:
+            if not stopped and first_reaching(read_metrics(metrics), target, window) is not None:
+                run.send_signal(signal.SIGINT)
+                stopped = True
+            time.sleep(0.2)
+        if run.poll() is None:
+            kill_process_tree(run.pid)
+        return run.wait()
 
 
 # Tiny models built once per recipe on this machine, outside the clone: `.ci/run` starts from a fresh clone,

@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import signal
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ from rljob_workers.driver.telemetry.ledger import read_ledger
 from rljob_workers.driver.telemetry.metrics import first_reaching, read_metrics
 from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
 
-from conftest import REPO, kill_process_tree
+from conftest import REPO, run_until_learned
 
 pytestmark = pytest.mark.ray
 
@@ -74,18 +72,8 @@ def run_example(work: Path, example: dict[str, Path], algorithm: dict[str, Any],
         "--output",
         str(work / "out"),
     ]
-    with log.open("w") as out:
-        run = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        stopped, deadline = False, time.monotonic() + 600
-        while run.poll() is None and time.monotonic() < deadline:
-            if not stopped and reached(records_of(metrics)) is not None:
-                run.send_signal(signal.SIGINT)
-                stopped = True
-            time.sleep(0.1)
-        if run.poll() is None:
-            kill_process_tree(run.pid)
-        run.wait()
-    return run.returncode, log.read_text(), records_of(metrics)
+    rc = run_until_learned(command, log, metrics, TARGET, WINDOW)
+    return rc, log.read_text(), records_of(metrics)
 
 
 def records_of(metrics: Path) -> list[dict[str, Any]]:

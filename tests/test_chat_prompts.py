@@ -39,7 +39,7 @@ from rljob_workers.reward.callables import WeightedFunction
 from rljob_workers.reward.functions import RewardFunctionSet
 from rljob_workers.tasks.arithmetic import SYSTEM_PROMPT, chat_row, make_problems, write_jsonl
 
-from conftest import REPO, kill_process_tree
+from conftest import REPO, run_until_learned
 
 pytestmark = pytest.mark.ray
 
@@ -301,20 +301,10 @@ def test_the_chat_example_learns_like_the_plain_one(chat_example, tmp_path: Path
     job = _chat_job(tmp_path, chat_example)
     metrics, log = tmp_path / "out" / "metrics.jsonl", tmp_path / "run.log"
     command = [RLJOB, "run", str(job), "--no-display", "--output", str(tmp_path / "out"), "--steps", "80"]
-    with log.open("w") as out:
-        run = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
-        stopped, deadline = False, time.monotonic() + 600
-        while run.poll() is None and time.monotonic() < deadline:
-            if not stopped and first_reaching(read_metrics(metrics), 0.8, 5) is not None:
-                run.send_signal(signal.SIGINT)  # learned: stop gracefully
-                stopped = True
-            time.sleep(0.2)
-        if run.poll() is None:
-            kill_process_tree(run.pid)
-        run.wait()
+    rc = run_until_learned(command, log, metrics, 0.8, 5)
     records = read_metrics(metrics)
     rewards = [r["reward_mean"] for r in records]
     print(f"chat example: {len(rewards)} steps, rewards {[round(r, 2) for r in rewards]}")
-    assert run.returncode in (0, 128 + signal.SIGINT), log.read_text()[-3000:]
+    assert rc in (0, 128 + signal.SIGINT), log.read_text()[-3000:]
     assert statistics.fmean(rewards[:2]) <= 0.2, rewards[:2]  # it starts weak
     assert first_reaching(records, 0.8, 5) is not None, f"last 5 steps' mean {statistics.fmean(rewards[-5:]):.2f}"

@@ -10,9 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +20,7 @@ import yaml
 
 from rljob_workers.driver.telemetry.metrics import first_reaching, read_metrics
 
-from conftest import REPO, kill_process_tree
+from conftest import REPO, run_until_learned
 
 pytestmark = [pytest.mark.ray]
 
@@ -54,18 +52,8 @@ def learn(job: Path, out: Path, steps: int = 100) -> list[dict[str, Any]]:
     """`rljob run` the job until its 5-step mean reaches 0.8 (then SIGINT: a graceful stop); its metrics."""
     metrics, log = out / "metrics.jsonl", out.parent / "run.log"
     command = [RLJOB, "run", str(job), "--no-display", "--output", str(out), "--steps", str(steps)]
-    with log.open("w") as sink:
-        run = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=job.parent)
-        stopped, deadline = False, time.monotonic() + 600
-        while run.poll() is None and time.monotonic() < deadline:
-            if not stopped and first_reaching(read_metrics(metrics), 0.8, 5) is not None:
-                run.send_signal(signal.SIGINT)
-                stopped = True
-            time.sleep(0.2)
-        if run.poll() is None:
-            kill_process_tree(run.pid)
-        run.wait()
-    assert run.returncode in (0, 128 + signal.SIGINT), log.read_text()[-3000:]
+    rc = run_until_learned(command, log, metrics, 0.8, 5, cwd=job.parent)
+    assert rc in (0, 128 + signal.SIGINT), log.read_text()[-3000:]
     records = read_metrics(metrics)
     rewards = [r["reward_mean"] for r in records]
     print(f"{job.parent.name}: {len(rewards)} steps, rewards {[round(r, 2) for r in rewards]}")
