@@ -14,7 +14,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import yaml
@@ -109,24 +109,29 @@ def kill_process_tree(pid: int) -> None:
     psutil.wait_procs(tree, timeout=30)
 
 
+class LearningRun(NamedTuple):
+    returncode: int
+    steps_when_signalled: int | None  # steps in metrics.jsonl when the SIGINT went; None if it never did
+
+
 def run_until_learned(
     command: list[str], log: Path, metrics: Path, target: float, window: int, cwd: Path | None = None
-) -> int:
+) -> LearningRun:
     """Run `command` (an `rljob run`) until metrics.jsonl shows a `window`-step reward mean of `target`, then
-    SIGINT it (a graceful stop); killed with its tree if still running after 600 s. Its exit code."""
+    SIGINT it (a graceful stop); killed with its tree if still running after 600 s."""
     from rljob_workers.driver.telemetry.metrics import first_reaching, read_metrics
 
     with log.open("w") as sink:
         run = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, cwd=cwd)
-        stopped, deadline = False, time.monotonic() + 600
+        signalled, deadline = None, time.monotonic() + 600
         while run.poll() is None and time.monotonic() < deadline:
-            if not stopped and first_reaching(read_metrics(metrics), target, window) is not None:
+            if signalled is None and first_reaching(records := read_metrics(metrics), target, window) is not None:
                 run.send_signal(signal.SIGINT)
-                stopped = True
-            time.sleep(0.2)
+                signalled = len(records)
+            time.sleep(0.1)
         if run.poll() is None:
             kill_process_tree(run.pid)
-        return run.wait()
+        return LearningRun(run.wait(), signalled)
 
 
 # Tiny models built once per recipe on this machine, outside the clone: `.ci/run` starts from a fresh clone,

@@ -53,9 +53,11 @@ def example(tmp_path_factory: pytest.TempPathFactory, example_model: Path) -> di
     }
 
 
-def run_example(work: Path, example: dict[str, Path], algorithm: dict[str, Any], **spec: Any) -> tuple[int, str, list]:
+def run_example(
+    work: Path, example: dict[str, Path], algorithm: dict[str, Any], **spec: Any
+) -> tuple[int, str, list, int | None]:
     """`rljob run` of the shipped example with `algorithm`'s settings (and any of `spec`'s), stopped once it
-    reaches TARGET; (exit code, its output, metrics.jsonl's records)."""
+    reaches TARGET; (exit code, its output, metrics.jsonl's records, steps recorded when it was signalled)."""
     doc = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())
     doc["spec"]["model"]["path"], doc["spec"]["data"]["path"] = str(example["model"]), str(example["data"])
     doc["spec"]["algorithm"].update(algorithm)
@@ -72,8 +74,8 @@ def run_example(work: Path, example: dict[str, Path], algorithm: dict[str, Any],
         "--output",
         str(work / "out"),
     ]
-    rc = run_until_learned(command, log, metrics, TARGET, WINDOW)
-    return rc, log.read_text(), records_of(metrics)
+    run = run_until_learned(command, log, metrics, TARGET, WINDOW)
+    return run.returncode, log.read_text(), records_of(metrics), run.steps_when_signalled
 
 
 def records_of(metrics: Path) -> list[dict[str, Any]]:
@@ -87,7 +89,7 @@ def reached(records: list[dict[str, Any]]) -> dict[str, Any] | None:
 @pytest.mark.parametrize("preset", list(BUDGETS))
 def test_each_preset_learns_the_example(preset: str, example: dict[str, Path], tmp_path: Path) -> None:
     budget, settings = BUDGETS[preset]
-    rc, out, records = run_example(tmp_path, example, {"name": preset, "totalSteps": budget, **settings})
+    rc, out, records, signalled = run_example(tmp_path, example, {"name": preset, "totalSteps": budget, **settings})
     rewards = [r["reward_mean"] for r in records]
     print(f"{preset}: {len(rewards)} steps, rewards {[round(r, 2) for r in rewards]}")
     assert rc in (0, 128 + signal.SIGINT), out[-3000:]
@@ -97,7 +99,10 @@ def test_each_preset_learns_the_example(preset: str, example: dict[str, Path], t
     assert rewards[0] <= 0.25, rewards[:2]
     hit = reached(records)
     assert hit is not None, f"{preset}: last {WINDOW} steps' mean {statistics.fmean(rewards[-WINDOW:]):.2f}"
-    assert hit["step"] <= budget and len(records) <= hit["step"] + 2, (hit["step"], len(records))  # stopped at once
+    assert hit["step"] <= budget
+    # Stopped at once: the step in progress and at most one more (one step stale) after the SIGINT. Counted
+    # from the signal, not the hit: the test's poll of metrics.jsonl may see the hit a few fast steps late.
+    assert signalled is not None and len(records) <= signalled + 2, (hit["step"], signalled, len(records))
     # Stopped by SIGINT once it learned: the stop left a complete checkpoint, which `latest` names.
     checkpoints = tmp_path / "checkpoints"
     assert (checkpoints / (checkpoints / "latest").read_text().strip() / "state.json").is_file()
@@ -126,7 +131,7 @@ def test_dynamic_sampling_drops_the_groups_with_nothing_to_learn(example: dict[s
         "overlong": {"penalty": 0.0},
         "dynamicSampling": {"maxExtraGroups": 256},
     }
-    rc, out, records = run_example(tmp_path, example, algorithm, reward=reward, data=doc_data)
+    rc, out, records, _ = run_example(tmp_path, example, algorithm, reward=reward, data=doc_data)
     assert rc == 0, out[-3000:]
     assert len(records) == steps
     filtered = [p for r in records for p in r["filtered_prompt_ids"]]

@@ -301,7 +301,7 @@ def test_the_chat_example_learns_like_the_plain_one(chat_example, tmp_path: Path
     job = _chat_job(tmp_path, chat_example)
     metrics, log = tmp_path / "out" / "metrics.jsonl", tmp_path / "run.log"
     command = [RLJOB, "run", str(job), "--no-display", "--output", str(tmp_path / "out"), "--steps", "80"]
-    rc = run_until_learned(command, log, metrics, 0.8, 5)
+    rc = run_until_learned(command, log, metrics, 0.8, 5).returncode
     records = read_metrics(metrics)
     rewards = [r["reward_mean"] for r in records]
     print(f"chat example: {len(rewards)} steps, rewards {[round(r, 2) for r in rewards]}")

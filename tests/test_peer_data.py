@@ -52,7 +52,7 @@ def learn(job: Path, out: Path, steps: int = 100) -> list[dict[str, Any]]:
     """`rljob run` the job until its 5-step mean reaches 0.8 (then SIGINT: a graceful stop); its metrics."""
     metrics, log = out / "metrics.jsonl", out.parent / "run.log"
     command = [RLJOB, "run", str(job), "--no-display", "--output", str(out), "--steps", str(steps)]
-    rc = run_until_learned(command, log, metrics, 0.8, 5, cwd=job.parent)
+    rc = run_until_learned(command, log, metrics, 0.8, 5, cwd=job.parent).returncode
     assert rc in (0, 128 + signal.SIGINT), log.read_text()[-3000:]
     records = read_metrics(metrics)
     rewards = [r["reward_mean"] for r in records]
