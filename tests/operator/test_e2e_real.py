@@ -156,11 +156,11 @@ def delete_leaves_only_the_claims(cluster: Cluster) -> None:
     assert sorted(claims) == ["persistentvolumeclaim/rljob-assets", "persistentvolumeclaim/rljob-runs"], claims
 
 
-# Long enough for the intruder and all five faults, with ~120 steps to spare: in CI the fifth recovered by
-# step ~250, in one slower run by ~360 (steps go on, slower, while a pod is replaced: ~25 s and 40-90 steps a
-# fault). The steps after it only wait: each 100 costs the real-node phase ~20 s.
-STEPS = 480
-# One at a time, each a few steps after the one before has recovered (steps run ~0.2 s apart).
+# Long enough for the intruder and all five faults, with ~200 steps to spare. Steps now run ~0.08 s apart,
+# and go on while a pod is replaced (~22 s): in one CI run the fourth fault came at step 436 (70-150 steps a
+# fault), and 480 steps ended before the fifth. The steps after it only wait: each 100 costs ~10 s.
+STEPS = 800
+# One at a time, each a few steps after the one before has recovered.
 FAULTS = ["reward", "rollout", "trainer", "operator", "driver"]
 SPACING = 10
 
