@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import subprocess
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -83,3 +85,11 @@ def run_pods(cluster: Cluster, name: str, ns: str) -> None:
     cluster.kubelet(ns, f"rljob.io/job={name},rljob.io/component=head", "Running")
     wait_for("driver pod", lambda: cluster.objects("pods", ns, f"rljob.io/job={name},rljob.io/component=driver"))
     cluster.kubelet(ns, f"rljob.io/job={name},rljob.io/component=driver", "Running")
+
+
+def start_kubectl_wait(cluster: Cluster, name: str, ns: str, condition: str) -> subprocess.Popen[str]:
+    """`kubectl wait --for=condition=<condition> rljob/<name>` as a pipeline would run it, started now and left
+    to return by itself; the caller reads its exit status and output once the job has ended."""
+    kubectl = str(Path(cluster.env["RLJOB_E2E_BIN"]) / "kubectl")
+    command = [kubectl, "wait", f"--for=condition={condition}", f"rljob/{name}", "-n", ns, "--timeout=3600s"]
+    return subprocess.Popen(command, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

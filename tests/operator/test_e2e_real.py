@@ -43,6 +43,7 @@ from e2e_elastic import (
 )
 from e2e_faults import Fault, FaultRun, child_generations, each_restart_told_once, fault_table
 from e2e_intruders import intrude, intrude_on_ray, refused
+from e2e_jobs import start_kubectl_wait
 from e2e_prometheus import Prometheus, Window, empty_panels, scrape_configs, service_monitors
 from e2e_real import (
     TRAINER_SHM_BYTES,
@@ -182,6 +183,7 @@ def test_apply_trains_through_five_faults_to_succeeded_and_delete_leaves_nothing
     run = FaultRun(cluster, NS, JOB)
     started, applied = time.monotonic(), time.time()
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(job))
+    waiting = start_kubectl_wait(cluster, JOB, NS, "Succeeded")  # #53: a pipeline waits the Kubernetes way
     wait_for("the first step", lambda: run.step() >= 1, timeout=TIMEOUT, every=0.5)
     first_step = time.monotonic() - started
     inside = read_running_pods(cluster, NS, JOB)  # the pools up, before any fault
@@ -189,10 +191,14 @@ def test_apply_trains_through_five_faults_to_succeeded_and_delete_leaves_nothing
         faults = intrude_then_fault(setup, run)
         status = wait_for("the run to end", lambda: _ended(run.status()), timeout=TIMEOUT)
     except AssertionError as exc:
+        waiting.kill()
         raise AssertionError(f"{exc}\n{diagnose(cluster, NS)}") from None
     took = time.monotonic() - started
+    waited = waiting.communicate(timeout=60)[0].strip()  # it returns on its own once Succeeded is True
+    print(f"kubectl wait --for=condition=Succeeded (started at apply): rc {waiting.returncode}, {waited!r}")
     setup.ran(JOB, applied, job)
     assert status["phase"] == "Succeeded", diagnose(cluster, NS)
+    assert waiting.returncode == 0 and "condition met" in waited, waited
     final_line = cluster.kubectl("get", "rlj", JOB, "-n", NS).stdout
 
     # the run's own record, on the run volume: every step once, learned, and its checkpoint

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
-from e2e_cluster import wait_for
+from e2e_cluster import Cluster, wait_for
 from e2e_real import cluster_job, diagnose
 from e2e_registry import PULL_SECRET, helm, project_version, pulled_images
 
@@ -31,6 +31,12 @@ SHOWN_WITHIN = 60.0
 
 
 POOL_CONDITIONS = ("RolloutReady", "TrainerReady", "RewardReady")
+
+
+def _pull_events(cluster: Cluster, name: str) -> list[dict[str, Any]]:
+    selector = f"involvedObject.kind=RLJob,involvedObject.name={name},reason=ImagePullFailed"
+    found = cluster.kubectl("get", "events", "-n", NS, "-o", "json", "--field-selector", selector).stdout
+    return list(json.loads(found)["items"])
 
 
 def _pull_failure(status: dict[str, Any]) -> dict[str, Any] | None:
@@ -72,13 +78,14 @@ def test_a_job_whose_image_cannot_be_pulled_says_so_within_a_minute(
         assert status["phase"] == "Provisioning" and unpullable in status["message"], status
         pools = [c for c in status["conditions"] if c["type"] in POOL_CONDITIONS]
         assert len(pools) == 3 and all(unpullable in c["message"] and c["status"] == "False" for c in pools), pools
-        events = json.loads(
-            cluster.kubectl(
-                "get", "events", "-n", NS, "-o", "json",
-                "--field-selector", f"involvedObject.kind=RLJob,involvedObject.name={name},reason=ImagePullFailed",
-            ).stdout
-        )["items"]  # fmt: skip
-        assert events and unpullable in events[0]["message"] and events[0]["type"] == "Warning", events
+        try:  # the operator posts the Event after it has written the status: a poll can see the status first
+            events = wait_for("the ImagePullFailed Event", lambda: _pull_events(cluster, name), timeout=15, every=0.5)
+        except AssertionError as exc:
+            operator_log = cluster.kubectl(
+                "logs", "-n", real_operator.namespace, "deploy/rljob-rljob-operator", check=False
+            )
+            raise AssertionError(f"{exc}\n{operator_log.stdout[-3000:]}") from None
+        assert unpullable in events[0]["message"] and events[0]["type"] == "Warning", events
         described = cluster.kubectl("describe", "rlj", name, "-n", NS).stdout
         print(f"\nImagePullFailed {took:.1f}s after apply: {degraded['message']}\n{described[-1500:]}")
     finally:
