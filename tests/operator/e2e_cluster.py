@@ -115,9 +115,14 @@ class Cluster:
         self.script("node")
         return time.monotonic() - t0
 
+    @property
+    def kubectl_binary(self) -> str:
+        """The kubectl built for the control plane, for the calls a test leaves running (watches, waits)."""
+        return str(Path(self.env["RLJOB_E2E_BIN"]) / "kubectl")
+
     def kubectl(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         out = subprocess.run(
-            [str(Path(self.env["RLJOB_E2E_BIN"]) / "kubectl"), *args],
+            [self.kubectl_binary, *args],
             env=self.env,
             input=input,
             capture_output=True,

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import subprocess
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -90,6 +89,6 @@ def run_pods(cluster: Cluster, name: str, ns: str) -> None:
 def start_kubectl_wait(cluster: Cluster, name: str, ns: str, condition: str) -> subprocess.Popen[str]:
     """`kubectl wait --for=condition=<condition> rljob/<name>` as a pipeline would run it, started now and left
     to return by itself; the caller reads its exit status and output once the job has ended."""
-    kubectl = str(Path(cluster.env["RLJOB_E2E_BIN"]) / "kubectl")
-    command = [kubectl, "wait", f"--for=condition={condition}", f"rljob/{name}", "-n", ns, "--timeout=3600s"]
+    wait = ["wait", f"--for=condition={condition}", f"rljob/{name}", "-n", ns, "--timeout=3600s"]
+    command = [cluster.kubectl_binary, *wait]
     return subprocess.Popen(command, env=cluster.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -309,7 +308,7 @@ class FirstSeen:
     def __init__(self, cluster: Cluster, ns: str) -> None:
         self.rljob: dict[str, float] = {}
         self.raycluster: dict[str, float] = {}
-        kubectl = str(Path(cluster.env["RLJOB_E2E_BIN"]) / "kubectl")
+        kubectl = cluster.kubectl_binary
         self._watches = [
             self._watch(
                 [kubectl, "get", kind, "-n", ns, "--watch", "-o", f'jsonpath={name}{{"\\n"}}'], cluster.env, seen
