@@ -3,64 +3,16 @@ wrong token are each refused, with a message that says which."""
 
 from __future__ import annotations
 
-import datetime
 from pathlib import Path
 from typing import Any
 
 import grpc
-import pytest
 from reward_helpers import fn, function_set, run, sample
+from tls_certs import make_ca, server_certificate
 
 from rljob.v1 import reward_service_pb2_grpc
 from rljob_workers.reward import RewardFunctionSet
 from rljob_workers.reward.server import RewardServicer
-
-
-def make_ca(tmp: Path, name: str) -> tuple[Any, Any, Path]:
-    """A CA key and certificate, written to tmp/<name>.pem."""
-    x509 = pytest.importorskip("cryptography.x509")
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=1))
-        .not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(False, False, False, False, False, True, True, False, False), critical=True)
-        .sign(key, hashes.SHA256())
-    )  # fmt: skip
-    path = tmp / f"{name}.pem"
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    return key, cert, path
-
-
-def server_certificate(ca_key: Any, ca_cert: Any) -> tuple[bytes, bytes]:
-    """A leaf certificate for 127.0.0.1 signed by the CA: (key PEM, certificate PEM)."""
-    import ipaddress
-
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(x509.oid.NameOID.COMMON_NAME, "judge.rljob.test")]))
-        .issuer_name(ca_cert.subject).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=1)).not_valid_after(now + datetime.timedelta(hours=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )  # fmt: skip
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return key_pem, cert.public_bytes(serialization.Encoding.PEM)
 
 
 def test_remote_tls_refuses_a_wrong_ca_no_token_and_a_wrong_token(tmp_path: Path) -> None:

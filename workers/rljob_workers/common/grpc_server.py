@@ -77,11 +77,13 @@ async def start_server(
     port: int = 0,
     *,
     token: str | None = None,
+    tls: grpc.ServerCredentials | None = None,
     max_rpcs: int = DEFAULT_MAX_RPCS,
 ) -> RunningServer:
     """Serve `services` plus grpc.health.v1 and reflection; port 0 picks a free port. With a `token`
-    every call but a health check must carry it (see auth.py). At most `max_rpcs` calls at once (and
-    HEADROOM_RPCS more for health checks and control calls)."""
+    every call but a health check must carry it (see auth.py); with `tls` (server_lock.py) the port
+    speaks TLS only. At most `max_rpcs` calls at once (and HEADROOM_RPCS more for health checks and
+    control calls)."""
     limit = max_rpcs + HEADROOM_RPCS
     # The limit first: a call the token check refuses holds its place only while it is refused.
     interceptors: list[grpc.aio.ServerInterceptor] = [ConcurrencyLimit(limit)]
@@ -102,7 +104,8 @@ async def start_server(
         reflection.SERVICE_NAME,
     ]
     _add_reflection(names, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    bound = server.add_insecure_port(address) if tls is None else server.add_secure_port(address, tls)
     if bound == 0:
         raise OSError(f"cannot bind a gRPC server to {host}:{port}")
     await server.start()

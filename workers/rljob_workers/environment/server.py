@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -16,6 +15,8 @@ from rljob.v1 import environment_service_pb2 as pb
 from rljob.v1 import environment_service_pb2_grpc as pb_grpc
 from rljob_api.workercfg import EnvironmentWorkerConfig
 from rljob_workers.common.grpc_server import RunningServer, Service, UndecodableRequest, start_server
+from rljob_workers.common.server_lock import LoadedLock, ServerLock, load_lock
+from rljob_workers.common.serving import serve_until_signalled
 from rljob_workers.environment.episode import Episode as EpisodeState
 from rljob_workers.environment.episode import (
     InvalidAction,
@@ -136,17 +137,19 @@ async def start_environment_server(
     host: str = "127.0.0.1",
     port: int = 0,
     token: str | None = None,
+    tls: grpc.ServerCredentials | None = None,
     args: Mapping[str, Any] | None = None,
     max_episodes: int = 64,
     step_timeout_seconds: float = 30.0,
 ) -> tuple[RunningServer, EnvironmentServicer]:
     """Serve the class at `ref` (module.path:Class); port 0 picks a free one. With a `token` every call must
-    carry it (the job's own replicas)."""
+    carry it (the job's own replicas, and a served class given one); with `tls` the port speaks TLS."""
     servicer = EnvironmentServicer(
         load_class(ref), ref, args=args, max_episodes=max_episodes, step_timeout_seconds=step_timeout_seconds
     )
     service = Service(pb_grpc.add_EnvironmentServiceServicer_to_server, servicer, SERVICE_NAME)
-    return await start_server([service], host, port, token=token, max_rpcs=max_episodes), servicer
+    running = await start_server([service], host, port, token=token, tls=tls, max_rpcs=max_episodes)
+    return running, servicer
 
 
 async def serve_environment_replica(
@@ -164,20 +167,20 @@ async def serve_environment_replica(
     )
 
 
-async def _serve_until_signalled(ref: str, host: str, port: int, max_episodes: int, timeout: float) -> None:
+async def _serve_until_signalled(
+    ref: str, host: str, port: int, max_episodes: int, timeout: float, lock: LoadedLock
+) -> None:
     running, servicer = await start_environment_server(
-        ref, host=host, port=port, max_episodes=max_episodes, step_timeout_seconds=timeout
+        ref,
+        host=host,
+        port=port,
+        token=lock.token,
+        tls=lock.tls,
+        max_episodes=max_episodes,
+        step_timeout_seconds=timeout,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
-            loop.add_signal_handler(signum, stop.set)
-    print(f"environment {servicer.info.name!r} serving on {host}:{running.port}", flush=True)
-    try:
-        await stop.wait()
-    finally:
-        await running.stop(grace=1.0)
+    line = f"environment {servicer.info.name!r} serving on {host}:{running.port}"
+    await serve_until_signalled(running, line, lock)
 
 
 def serve_environment(
@@ -187,10 +190,17 @@ def serve_environment(
     host: str = "0.0.0.0",
     max_episodes: int = 64,
     step_timeout_seconds: float = 30.0,
+    lock: ServerLock | None = None,
 ) -> None:
     """Serve an environment class (``module.path:Class``) as an EnvironmentService until SIGINT or SIGTERM.
 
     Binds every interface by default, since the point is to be reached by a job's `kind: remote` environment;
-    port 0 picks a free port (printed)."""
+    port 0 picks a free port (printed).
+
+    `lock` is the job's token calls must carry (UNAUTHENTICATED without it) and the TLS certificate and key
+    to serve with: ``ServerLock(token_file=..., tls_cert=..., tls_key=...)``. Without one, RLJOB_TOKEN_FILE
+    (what the operator sets in a `kind: image` container), RLJOB_TLS_CERT and RLJOB_TLS_KEY give it; none set,
+    the server is open. Its files are read before the port is bound: a missing one raises, naming it."""
+    loaded = load_lock(lock)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve_until_signalled(ref, host, port, max_episodes, step_timeout_seconds))
+        asyncio.run(_serve_until_signalled(ref, host, port, max_episodes, step_timeout_seconds, loaded))

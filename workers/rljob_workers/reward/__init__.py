@@ -5,6 +5,7 @@ the serve-a-function helper and the replica's metrics. The driver's client of th
 disrm and genrm live in their own modules (`.disrm`, `.genrm`), imported only by a job that uses them.
 """
 
+from rljob_workers.common.server_lock import ServerLock
 from rljob_workers.reward.base import RewardConfigError, SampleScorer, ScoreFailure
 from rljob_workers.reward.callables import WeightedFunction, load_function
 from rljob_workers.reward.functions import RewardFunctionSet
@@ -22,6 +23,7 @@ __all__ = [
     "RewardServicer",
     "SampleScorer",
     "ScoreFailure",
+    "ServerLock",
     "WeightedFunction",
     "load_function",
     "serve_function",

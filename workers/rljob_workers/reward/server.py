@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from collections.abc import AsyncIterator, Sequence
 from importlib import metadata
 
@@ -29,6 +28,8 @@ import grpc
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_api.workercfg import RewardWorkerConfig
 from rljob_workers.common.grpc_server import RunningServer, Service, UndecodableRequest, start_server
+from rljob_workers.common.server_lock import LoadedLock, ServerLock, load_lock
+from rljob_workers.common.serving import serve_until_signalled
 from rljob_workers.reward.functions import (
     INVALID,
     TRANSIENT,
@@ -303,12 +304,15 @@ async def start_reward_server(
     host: str = "127.0.0.1",
     port: int = 0,
     token: str | None = None,
+    tls: grpc.ServerCredentials | None = None,
 ) -> tuple[RunningServer, RewardServicer]:
     """Serve `functions` as a RewardService (plus health and reflection); port 0 picks a free port. With a
-    `token` every call must carry it (the job's own replicas; a served function is open)."""
+    `token` every call must carry it (the job's own replicas, and a served function given one); with `tls`
+    the port speaks TLS."""
     servicer = RewardServicer(functions, name=name, max_in_flight=max_in_flight)
     service = Service(reward_service_pb2_grpc.add_RewardServiceServicer_to_server, servicer, SERVICE_NAME)
-    return await start_server([service], host, port, token=token, max_rpcs=max_in_flight), servicer
+    running = await start_server([service], host, port, token=token, tls=tls, max_rpcs=max_in_flight)
+    return running, servicer
 
 
 async def serve_reward(
@@ -341,25 +345,19 @@ async def serve_reward(
 
 
 async def _serve_until_signalled(
-    fn: RewardCallable, name: str, host: str, port: int, timeout_seconds: float, max_in_flight: int
+    fn: RewardCallable, name: str, host: str, port: int, timeout_seconds: float, max_in_flight: int, lock: LoadedLock
 ) -> None:
     functions = RewardFunctionSet([WeightedFunction(name, fn)], timeout_seconds)
-    running, servicer = await start_reward_server(
-        functions, name=name, max_in_flight=max_in_flight, host=host, port=port
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
-            loop.add_signal_handler(signum, stop.set)
-    print(f"reward {name!r} serving on {host}:{running.port}", flush=True)
     try:
-        await stop.wait()
-        # A signalled stop drains: samples in flight are answered before the server goes.
-        await running.set_serving(False)
-        await servicer.drain(timeout_seconds)
+        running, servicer = await start_reward_server(
+            functions, name=name, max_in_flight=max_in_flight, host=host, port=port, token=lock.token, tls=lock.tls
+        )
+
+        async def drain() -> None:  # a signalled stop drains: samples in flight are answered before the server goes
+            await servicer.drain(timeout_seconds)
+
+        await serve_until_signalled(running, f"reward {name!r} serving on {host}:{running.port}", lock, drain)
     finally:
-        await running.stop(grace=1.0)
         functions.close()
 
 
@@ -371,11 +369,18 @@ def serve_function(
     host: str = "0.0.0.0",
     timeout_seconds: float = 60.0,
     max_in_flight: int = 64,
+    lock: ServerLock | None = None,
 ) -> None:
     """Serve a plain function ``fn(prompt, completion, **fields) -> float`` (sync or async) as a RewardService.
 
     Blocks until SIGINT or SIGTERM, then drains. Binds every interface by default, since the
     point is to be reached by a job's `remote` reward; port 0 picks a free port (printed).
+
+    `lock` is the job's token calls must carry (UNAUTHENTICATED without it) and the TLS certificate and key
+    to serve with: ``ServerLock(token_file=..., tls_cert=..., tls_key=...)``. Without one, RLJOB_TOKEN_FILE,
+    RLJOB_TLS_CERT and RLJOB_TLS_KEY give it; none set, the server is open. Its files are read before the
+    port is bound: a missing one raises, naming it.
     """
+    loaded = load_lock(lock)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_serve_until_signalled(fn, name, host, port, timeout_seconds, max_in_flight))
+        asyncio.run(_serve_until_signalled(fn, name, host, port, timeout_seconds, max_in_flight, loaded))

@@ -1,0 +1,283 @@
+"""User servers with a lock (#66): `serve_function` and `serve_environment` take the job's token and TLS (a
+`ServerLock`, or RLJOB_TOKEN_FILE, RLJOB_TLS_CERT and RLJOB_TLS_KEY), each started here as a process of its own
+with a certificate made here. A call without the token, or with a wrong one, is refused UNAUTHENTICATED; a
+plain-text call gets nowhere; and the real `rljob run`, with the job's `tls: true`, `caFile` and token
+(`tokenSecret` for the reward, `tokenFile` for the environment), trains against each to a 5-step mean of 0.8."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+from example_job import example_job
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tls_certs import TlsFiles, tls_files
+
+from rljob.v1 import environment_service_pb2 as env_pb
+from rljob.v1 import environment_service_pb2_grpc as env_grpc
+from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
+from rljob_workers.common.auth import TokenError
+from rljob_workers.common.server_lock import LockError, ServerLock, load_lock
+from rljob_workers.driver.telemetry.metrics import first_reaching, read_metrics
+
+from conftest import REPO, run_until_learned
+
+RLJOB = str(Path(sys.executable).parent / "rljob")
+TOKEN = "the-jobs-t0ken"
+UNAUTHENTICATED = grpc.StatusCode.UNAUTHENTICATED
+# A call to make on a channel, with the metadata given.
+Call = Callable[[grpc.aio.Channel, Any], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Lock:
+    """The files of a lock: the job's token and the server's TLS certificate, key and CA."""
+
+    token: Path
+    tls: TlsFiles
+
+    def env(self) -> dict[str, str]:
+        return {
+            "RLJOB_TOKEN_FILE": str(self.token),
+            "RLJOB_TLS_CERT": str(self.tls.cert),
+            "RLJOB_TLS_KEY": str(self.tls.key),
+        }
+
+
+@pytest.fixture(scope="module")
+def lock(tmp_path_factory: pytest.TempPathFactory) -> Lock:
+    root = tmp_path_factory.mktemp("lock")
+    (root / "token").write_text(TOKEN + "\n")
+    return Lock(root / "token", tls_files(root / "tls"))
+
+
+# -- the lock's options: refused in one line naming what is wrong ----------------------------------------
+
+
+def test_a_lock_that_cannot_be_used_is_refused_naming_the_argument_variable_or_file(lock: Lock) -> None:
+    with pytest.raises(LockError, match="token or token_file, not both"):
+        ServerLock(token="a", token_file=lock.token)
+    with pytest.raises(LockError, match="token is empty"):
+        ServerLock(token=" ")
+    with pytest.raises(LockError, match="tls_cert is set but tls_key is not"):
+        ServerLock(tls_cert=lock.tls.cert)
+    with pytest.raises(LockError, match="RLJOB_TLS_KEY is set but RLJOB_TLS_CERT is not"):
+        ServerLock.from_env({"RLJOB_TLS_KEY": str(lock.tls.key)})
+    with pytest.raises(TokenError, match="job token file '/nonexistent/token' does not exist"):
+        load_lock(ServerLock(token_file="/nonexistent/token"))
+    with pytest.raises(LockError, match=r"tls_cert: cannot read '/nonexistent/cert\.pem'"):
+        load_lock(ServerLock(tls_cert="/nonexistent/cert.pem", tls_key=lock.tls.key))
+    with pytest.raises(LockError, match="are not a PEM certificate chain and its private key"):
+        load_lock(ServerLock(tls_cert=lock.tls.ca, tls_key=lock.tls.key))  # the CA's certificate, the server's key
+
+
+def test_the_environment_names_the_lock_and_without_it_the_server_says_it_is_open(lock: Lock) -> None:
+    named = ServerLock.from_env(lock.env())
+    assert named == ServerLock(token_file=str(lock.token), tls_cert=str(lock.tls.cert), tls_key=str(lock.tls.key))
+    loaded = load_lock(named)
+    assert loaded.token == TOKEN and loaded.tls is not None
+    assert loaded.summary == f"calls need the job's token (from {str(lock.token)!r}); TLS ({str(lock.tls.cert)!r})"
+    assert ServerLock.from_env({}) == ServerLock() and load_lock(ServerLock()).token is None
+    assert load_lock(ServerLock()).summary.startswith("open: no token, no TLS")
+
+
+# -- a user's servers, each a process of its own -------------------------------------------------------
+
+REWARD_SERVER = """
+import sys
+from rljob_workers.reward import ServerLock, serve_function
+from rljob_workers.tasks.arithmetic import exact_match
+
+token, cert, key = sys.argv[1:]
+serve_function(exact_match, name="exact-match", port=0, host="127.0.0.1",
+               lock=ServerLock(token_file=token, tls_cert=cert, tls_key=key))
+"""
+ENVIRONMENT_SERVER = (
+    "from rljob_workers.environment import serve_environment; "
+    "serve_environment('rljob_workers.tasks.calculator:Calculator', port=0, host='127.0.0.1')"
+)
+
+
+@contextlib.contextmanager
+def server(command: list[str], env: dict[str, str]) -> Iterator[tuple[str, str]]:
+    """A user's server process; yields its host:port and what it said of its lock; stopped with SIGTERM."""
+    with subprocess.Popen(command, env={**os.environ, **env}, stdout=subprocess.PIPE, text=True, cwd=REPO) as proc:
+        try:
+            assert proc.stdout is not None
+            line, summary = proc.stdout.readline(), proc.stdout.readline()
+            assert " serving on 127.0.0.1:" in line, line
+            yield line.split()[-1], summary.strip()
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0, "the server stops cleanly on SIGTERM"
+        finally:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def reward_server(lock: Lock) -> Iterator[str]:
+    """serve_function locked by its arguments (a ServerLock)."""
+    args = [str(lock.token), str(lock.tls.cert), str(lock.tls.key)]
+    with server([sys.executable, "-c", REWARD_SERVER, *args], {}) as (address, summary):
+        assert summary.startswith("calls need the job's token") and "TLS" in summary, summary
+        yield address
+
+
+@pytest.fixture(scope="module")
+def environment_server(lock: Lock) -> Iterator[str]:
+    """serve_environment locked by the environment variables the docs name (no argument)."""
+    with server([sys.executable, "-c", ENVIRONMENT_SERVER], lock.env()) as (address, summary):
+        assert summary.startswith("calls need the job's token") and "TLS" in summary, summary
+        yield address
+
+
+async def outcome(call: Call, address: str, ca: Path | None, token: str | None) -> grpc.StatusCode:
+    """The status of `call` on a channel to `address`: over TLS trusting `ca` (plain text without), with `token`."""
+    metadata = (("authorization", f"Bearer {token}"),) if token else ()
+    if ca is None:
+        channel = grpc.aio.insecure_channel(address)
+    else:
+        channel = grpc.aio.secure_channel(address, grpc.ssl_channel_credentials(ca.read_bytes()))
+    async with channel:
+        try:
+            await asyncio.wait_for(call(channel, metadata), 10)
+        except grpc.aio.AioRpcError as exc:
+            return exc.code()
+    return grpc.StatusCode.OK
+
+
+async def health(channel: grpc.aio.Channel, metadata: Any) -> None:
+    answer = await health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), metadata=metadata)
+    assert answer.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def reward_info(channel: grpc.aio.Channel, metadata: Any) -> None:
+    await reward_service_pb2_grpc.RewardServiceStub(channel).Info(reward_service_pb2.InfoRequest(), metadata=metadata)
+
+
+async def reward_score(channel: grpc.aio.Channel, metadata: Any) -> None:
+    sample = sample_pb2.RewardSample(sample_id="p/0", prompt="2+3=", completion="5", fields={"answer": "5"})
+    call = reward_service_pb2_grpc.RewardServiceStub(channel).Score(metadata=metadata)
+    await call.write(reward_service_pb2.ScoreRequest(sample=sample))
+    await call.done_writing()
+    answers = [response.score async for response in call]
+    assert [(a.sample_id, a.score) for a in answers] == [("p/0", 1.0)], answers
+
+
+async def environment_info(channel: grpc.aio.Channel, metadata: Any) -> None:
+    stub = env_grpc.EnvironmentServiceStub(channel)
+    await stub.Info(env_pb.EnvironmentServiceInfoRequest(), metadata=metadata)
+
+
+async def environment_episode(channel: grpc.aio.Channel, metadata: Any) -> None:
+    start = env_pb.EpisodeStart(episode_id="e0-1/0", seed=7, prompt="123+456")
+    start.task.update({"answer": "579"})
+    call = env_grpc.EnvironmentServiceStub(channel).Episode(metadata=metadata)
+    await call.write(env_pb.EpisodeRequest(start=start))
+    await call.write(env_pb.EpisodeRequest(action=env_pb.Action(text="579", turn=1)))
+    await call.done_writing()
+    answers = [answer async for answer in call]
+    assert answers[-1].done and answers[-1].final_reward == 1.0, answers
+
+
+def doors(address: str, lock: Lock, calls: Sequence[Call]) -> dict[str, grpc.StatusCode]:
+    """Each call of `calls` as a caller without the token, with a wrong one, with the job's, and in plain text."""
+
+    async def go() -> dict[str, grpc.StatusCode]:
+        found = {"health, no token": await outcome(health, address, lock.tls.ca, None)}
+        for call in calls:
+            name = call.__name__
+            found[f"{name}, no token"] = await outcome(call, address, lock.tls.ca, None)
+            found[f"{name}, wrong token"] = await outcome(call, address, lock.tls.ca, "guess")
+            found[f"{name}, the job's token"] = await outcome(call, address, lock.tls.ca, TOKEN)
+            found[f"{name}, plain text"] = await outcome(call, address, None, TOKEN)
+        return found
+
+    return asyncio.run(go())
+
+
+def expected(calls: Sequence[Call]) -> dict[str, grpc.StatusCode]:
+    found = {"health, no token": grpc.StatusCode.OK}
+    for call in calls:
+        found[f"{call.__name__}, no token"] = UNAUTHENTICATED
+        found[f"{call.__name__}, wrong token"] = UNAUTHENTICATED
+        found[f"{call.__name__}, the job's token"] = grpc.StatusCode.OK
+        found[f"{call.__name__}, plain text"] = grpc.StatusCode.UNAVAILABLE  # a TLS port answers no plain text
+    return found
+
+
+def test_serve_function_refuses_a_call_without_the_jobs_token(reward_server: str, lock: Lock) -> None:
+    calls = [reward_info, reward_score]
+    assert doors(reward_server, lock, calls) == expected(calls)
+
+
+def test_serve_environment_refuses_a_call_without_the_jobs_token(environment_server: str, lock: Lock) -> None:
+    calls = [environment_info, environment_episode]
+    assert doors(environment_server, lock, calls) == expected(calls)
+
+
+# -- a job against each, under the real `rljob run` ------------------------------------------------------
+
+
+def learn(job: Path, out: Path) -> list[dict[str, Any]]:
+    """`rljob run` the job until its 5-step mean reward reaches 0.8 (then SIGINT, a graceful stop); its steps."""
+    metrics, log = out / "metrics.jsonl", out.parent / f"{out.name}.log"
+    command = [RLJOB, "run", str(job), "--no-display", "--output", str(out)]
+    rc = run_until_learned(command, log, metrics, 0.8, 5).returncode
+    assert rc in (0, 128 + signal.SIGINT), log.read_text()[-3000:]
+    records = read_metrics(metrics)
+    print(f"{job.parent.name}: rewards {[round(r['reward_mean'], 2) for r in records]}")
+    assert records[0]["reward_mean"] <= 0.3, records[0]["reward_mean"]  # it starts weak
+    assert first_reaching(records, 0.8, 5) is not None, [r["reward_mean"] for r in records[-5:]]
+    return records
+
+
+@pytest.mark.ray
+def test_a_job_trains_against_serve_function_over_tls_with_its_token_secret(
+    reward_server: str, lock: Lock, example_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shipped example scored by the user's server only: `tls: true`, `caFile` and `tokenSecret` (read, as
+    in a pod, from the Secret's mount: $RLJOB_SECRETS_DIR/<function>/<key>)."""
+    secrets = tmp_path / "secrets"
+    (secrets / "exact-match").mkdir(parents=True)
+    (secrets / "exact-match" / "token").write_text(TOKEN)
+    remote = {
+        "endpoints": [reward_server],
+        "tls": True,
+        "caFile": str(lock.tls.ca),
+        "tokenSecret": {"name": "judge-token", "key": "token"},
+    }
+    reward = yaml.safe_load((REPO / "examples" / "arithmetic.yaml").read_text())["spec"]["reward"]
+    reward["functions"] = [{"name": "exact-match", "kind": "remote", "remote": remote}]
+    job = example_job(tmp_path / "reward-tls", example_model, {"totalSteps": 100}, reward=reward)
+    monkeypatch.setenv("RLJOB_SECRETS_DIR", str(secrets))  # the run's environment, as the operator's mount is
+    learn(job, tmp_path / "reward-tls" / "out")
+
+
+@pytest.mark.ray
+def test_a_job_trains_against_serve_environment_over_tls_with_its_token_file(
+    environment_server: str, lock: Lock, calculator: dict[str, Path], tmp_path: Path
+) -> None:
+    """The tool example with its calculator served by the user's process: `tls: true`, `caFile`, `tokenFile`."""
+    doc = yaml.safe_load((REPO / "examples" / "calculator.yaml").read_text())
+    spec = doc["spec"]
+    spec["model"]["path"], spec["data"]["path"] = str(calculator["model"]), str(calculator["data"])
+    spec["data"].pop("eval")
+    spec["checkpoint"]["dir"] = str(tmp_path / "checkpoints")
+    remote = {"endpoints": [environment_server], "tls": True, "caFile": str(lock.tls.ca), "tokenFile": str(lock.token)}
+    spec["environment"] = {**spec["environment"], "kind": "remote", "remote": remote}
+    del spec["environment"]["class"]
+    job = tmp_path / "environment-tls" / "job.yaml"
+    job.parent.mkdir()
+    job.write_text(yaml.safe_dump(doc))
+    learn(job, tmp_path / "environment-tls" / "out")
