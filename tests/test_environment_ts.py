@@ -1,6 +1,7 @@
 """The TypeScript environment server of examples/environment-server-ts: built with npm ci + tsc, listed and
 described by reflection with grpcurl as a user would, played through rljob's environment client, and driving
-the calculator example's episodes in a short `rljob run` against it (the job's bearer token on every call)."""
+the calculator example's episodes in a short `rljob run` against it over TLS (the job's bearer token on every
+call, refused UNAUTHENTICATED without it)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 from google.protobuf import struct_pb2
+from lock_doors import Lock, doors, environment_episode, environment_info, expected, make_lock
 
 from rljob.v1 import environment_service_pb2 as pb
 from rljob_workers.driver.pools.environment import EnvironmentClients
@@ -35,18 +37,24 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built_ts_example(EXAMPLE, tmp_path_factory)
 
 
+@pytest.fixture(scope="module")
+def lock(tmp_path_factory: pytest.TempPathFactory) -> Lock:
+    return make_lock(tmp_path_factory.mktemp("lock"))
+
+
 @contextlib.contextmanager
-def ts_server(root: Path, token: str | None = None) -> Iterator[str]:
-    """The built server on a free 127.0.0.1 port; yields host:port; stopped with SIGTERM (it drains)."""
-    env = {"PATH": str(Path(shutil.which("node") or "node").parent)}
-    if token:
-        env["RLJOB_ENVIRONMENT_TOKEN"] = token
+def ts_server(root: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """The built server on a free 127.0.0.1 port, with `env` (its lock: RLJOB_TOKEN_FILE, RLJOB_TLS_CERT,
+    RLJOB_TLS_KEY); yields host:port; stopped with SIGTERM (it drains)."""
+    env = {"PATH": str(Path(shutil.which("node") or "node").parent), **(env or {})}
     command = ["node", "dist/server.js", "--host", "127.0.0.1", "--port", "0", "--proto-dir", str(REPO / "proto")]
     with subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, text=True) as proc:
         try:
             assert proc.stdout is not None
-            line = proc.stdout.readline()
+            line, summary = proc.stdout.readline(), proc.stdout.readline()
             assert line.startswith("environment 'calculator' serving on 127.0.0.1:"), line
+            locked = "RLJOB_TOKEN_FILE" in env
+            assert summary.strip().startswith("calls need the job's token" if locked else "open: no token"), summary
             yield line.split()[-1]
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(10) == 0, "the server should drain and exit cleanly on SIGTERM"
@@ -100,7 +108,9 @@ async def _episode(clients: EnvironmentClients, answer: str | None, actions: lis
         stream.close()
 
 
-def test_the_server_plays_calculator_episodes_through_rljobs_client(built: Path) -> None:
+def test_the_server_plays_calculator_episodes_through_rljobs_client(built: Path, tmp_path: Path) -> None:
+    (tmp_path / "token").write_text("s3cret\n")
+
     async def go(address: str) -> None:
         clients = EnvironmentClients(max_episodes=8, step_timeout=5.0, token="s3cret")
         clients.add("ts", address)
@@ -120,22 +130,31 @@ def test_the_server_plays_calculator_episodes_through_rljobs_client(built: Path)
         finally:
             await clients.close()
 
-    with ts_server(built, token="s3cret") as address:
+    with ts_server(built, {"RLJOB_TOKEN_FILE": str(tmp_path / "token")}) as address:
         asyncio.run(asyncio.wait_for(go(address), 30))
 
 
-def test_the_calculator_example_plays_its_episodes_against_the_typescript_server(
-    built: Path, calculator: dict[str, Path], tmp_path: Path
+def test_the_server_locked_by_the_environment_refuses_a_call_without_the_jobs_token(built: Path, lock: Lock) -> None:
+    """RLJOB_TOKEN_FILE, RLJOB_TLS_CERT and RLJOB_TLS_KEY lock it: over TLS, no token and a wrong one are refused
+    UNAUTHENTICATED on every call but health (Info and the Episode stream), the job's token is let through,
+    plain text gets nowhere."""
+    with ts_server(built, lock.env()) as address:
+        calls = [environment_info, environment_episode]
+        assert doors(address, lock, calls) == expected(calls)
+
+
+def test_the_calculator_example_plays_its_episodes_against_the_typescript_server_over_tls(
+    built: Path, lock: Lock, calculator: dict[str, Path], tmp_path: Path
 ) -> None:
+    """`rljob run` with the job's `tls: true`, `caFile` and `tokenFile`, the server locked by the environment."""
     model, data = calculator["model"], calculator["data"]
-    token = tmp_path / "token"
-    token.write_text("s3cret\n")
-    with ts_server(built, token="s3cret") as address:
+    with ts_server(built, lock.env()) as address:
         doc: dict[str, Any] = yaml.safe_load((EXAMPLE / "rljob.yaml").read_text())
         spec = doc["spec"]
         spec["model"]["path"], spec["data"]["path"] = str(model), str(data)
         spec["data"].pop("eval")
-        spec["environment"]["remote"].update(endpoints=[address], tokenFile=str(token))
+        tls = {"tls": True, "caFile": str(lock.tls.ca)}
+        spec["environment"]["remote"].update(endpoints=[address], tokenFile=str(lock.token), **tls)
         spec["algorithm"]["totalSteps"] = 4
         spec["checkpoint"]["dir"] = str(tmp_path / "checkpoints")
         job = tmp_path / "job.yaml"

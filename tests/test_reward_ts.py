@@ -1,5 +1,6 @@
 """The TypeScript reward server of examples/reward-server-ts: built with npm ci + tsc, scored through rljob's
-router and `remote` reward client, and used by a short RLJob on the real local launcher."""
+router and `remote` reward client, locked by the environment (the job's token and TLS), and used by a short
+RLJob on the real local launcher over TLS with the job's token."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import grpc
 import pytest
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from lock_doors import Lock, doors, expected, make_lock, reward_info, reward_score
 
 from rljob.v1 import reward_service_pb2, reward_service_pb2_grpc, sample_pb2
 from rljob_api import parse_rljob
@@ -40,18 +42,23 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built_ts_example(EXAMPLE, tmp_path_factory)
 
 
+@pytest.fixture(scope="module")
+def lock(tmp_path_factory: pytest.TempPathFactory) -> Lock:
+    return make_lock(tmp_path_factory.mktemp("lock"))
+
+
 @contextlib.contextmanager
-def ts_server(root: Path, token: str | None = None) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """The built server on a free 127.0.0.1 port; yields host:port and the process; stopped with SIGTERM (it drains)."""
-    env = {"PATH": str(Path(shutil.which("node") or "node").parent)}
-    if token:
-        env["RLJOB_REWARD_TOKEN"] = token
+def ts_server(root: Path, lock: Lock | None = None) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """The built server on a free 127.0.0.1 port, locked by the environment (RLJOB_TOKEN_FILE, RLJOB_TLS_CERT,
+    RLJOB_TLS_KEY) with `lock`; yields host:port and the process; stopped with SIGTERM (it drains)."""
+    env = {"PATH": str(Path(shutil.which("node") or "node").parent), **(lock.env() if lock else {})}
     command = ["node", "dist/server.js", "--host", "127.0.0.1", "--port", "0", "--proto-dir", str(REPO / "proto")]
     with subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, text=True) as proc:
         try:
             assert proc.stdout is not None
-            line = proc.stdout.readline()
+            line, summary = proc.stdout.readline(), proc.stdout.readline()
             assert line.startswith("reward 'exact-match' serving on 127.0.0.1:"), line
+            assert summary.strip().startswith("calls need the job's token" if lock else "open: no token"), summary
             yield line.split()[-1], proc
             proc.send_signal(signal.SIGTERM)  # a no-op when the test already stopped it
             assert proc.wait(10) == 0, "the server should drain and exit cleanly on SIGTERM"
@@ -169,13 +176,19 @@ def test_ts_server_refuses_with_the_typed_field_while_draining(built: Path) -> N
         asyncio.run(asyncio.wait_for(go(address, proc), 30))
 
 
-def test_ts_server_as_a_remote_reward_with_a_bearer_token(built: Path, tmp_path: Path) -> None:
-    token_file = tmp_path / "token"
-    token_file.write_text("t0ken\n")
+def test_ts_server_locked_by_the_environment_refuses_a_call_without_the_jobs_token(built: Path, lock: Lock) -> None:
+    """RLJOB_TOKEN_FILE, RLJOB_TLS_CERT and RLJOB_TLS_KEY lock it: over TLS, no token and a wrong one are refused
+    UNAUTHENTICATED on every call but health, the job's token is let through, plain text gets nowhere."""
+    with ts_server(built, lock) as (address, _):
+        calls = [reward_info, reward_score]
+        assert doors(address, lock, calls) == expected(calls)
 
+
+def test_ts_server_as_a_remote_reward_over_tls_with_the_jobs_token(built: Path, lock: Lock) -> None:
     async def go(address: str) -> None:
-        for token, ok in ((str(token_file), True), (None, False)):
-            config: dict[str, Any] = {"endpoints": [address]} | ({"tokenFile": token} if token else {})
+        for token, ok in ((str(lock.token), True), (None, False)):
+            tls = {"tls": True, "caFile": str(lock.tls.ca)}
+            config: dict[str, Any] = {"endpoints": [address], **tls} | ({"tokenFile": token} if token else {})
             spec = RewardFunction.model_validate({"name": "ts", "kind": "remote", "remote": config})
             functions = RewardFunctionSet.from_spec([spec], 5.0)
             try:
@@ -187,12 +200,12 @@ def test_ts_server_as_a_remote_reward_with_a_bearer_token(built: Path, tmp_path:
             else:
                 assert result.error.error_class == FUNCTION and "UNAUTHENTICATED" in result.error.message
 
-    with ts_server(built, token="t0ken") as (address, _):
+    with ts_server(built, lock) as (address, _):
         asyncio.run(asyncio.wait_for(go(address), 30))
 
 
 @pytest.mark.ray
-def test_short_rljob_with_a_remote_reward_on_the_ts_server(built: Path, tmp_path: Path) -> None:
+def test_short_rljob_with_a_remote_reward_on_the_ts_server_over_tls(built: Path, lock: Lock, tmp_path: Path) -> None:
     from rljob_workers.driver.run.plan import plan_job
     from rljob_workers.driver.run.session import RunSession
     from rljob_workers.tasks.arithmetic import make_problems, write_jsonl
@@ -211,8 +224,8 @@ def test_short_rljob_with_a_remote_reward_on_the_ts_server(built: Path, tmp_path
     [function] = spec["reward"]["functions"]
     assert function["kind"] == "remote"
 
-    with ts_server(built) as (address, _):
-        function["remote"]["endpoints"] = [address]
+    with ts_server(built, lock) as (address, _):
+        function["remote"].update(endpoints=[address], tls=True, caFile=str(lock.tls.ca), tokenFile=str(lock.token))
         job = parse_rljob(copy.deepcopy(doc))
         run = RunSession(plan_job(job, output=tmp_path / "out", display=False))
         rc = asyncio.run(run.main())

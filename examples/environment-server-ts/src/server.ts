@@ -14,12 +14,13 @@
 //     controller restarts that episode elsewhere; episodes in flight play to their end.
 //
 // Usage: node dist/server.js [--port 50055] [--host 0.0.0.0] [--proto-dir ../../proto]
-// With RLJOB_ENVIRONMENT_TOKEN set, calls must carry `authorization: Bearer <token>` (a remote
-// environment's tokenFile). As a `kind: image` environment in rljob's pods it follows the image contract: the
-// job's token from the file RLJOB_TOKEN_FILE names, its port from RLJOB_ENVIRONMENT_PORT. With
+// Locked by the environment (src/lock.ts): with RLJOB_TOKEN_FILE, calls must carry `authorization: Bearer <token>`
+// (the job's remote environment sends it from its tokenSecret or tokenFile); with RLJOB_TLS_CERT and
+// RLJOB_TLS_KEY the port speaks TLS (the job's `tls: true`, its `caFile` the CA that signed the certificate). As
+// a `kind: image` environment in rljob's pods it follows the image contract: the job's token from the file
+// RLJOB_TOKEN_FILE names (the operator sets it; no TLS there), its port from RLJOB_ENVIRONMENT_PORT. With
 // RLJOB_STEP_LATENCY_SECONDS set, each tool step waits that long first (a sandbox or a search stands in).
 
-import { readFileSync } from "node:fs";
 import * as path from "node:path";
 import { setTimeout as sleep } from "node:timers/promises";
 import { parseArgs } from "node:util";
@@ -29,6 +30,7 @@ import * as protoLoader from "@grpc/proto-loader";
 import { ReflectionService } from "@grpc/reflection";
 import { HealthImplementation } from "grpc-health-check";
 
+import { Lock, LockError, lockFromEnv } from "./lock";
 import { reflectable } from "./reflection";
 
 const SERVICE = "rljob.v1.EnvironmentService";
@@ -67,7 +69,7 @@ interface EpisodeResponse {
   tool?: string;
 }
 
-const state: { draining: boolean; episodes: number; token?: string } = { draining: false, episodes: 0 };
+const state: { draining: boolean; episodes: number } = { draining: false, episodes: 0 };
 
 // ---- the environment ---------------------------------------------------------------------------
 
@@ -116,11 +118,6 @@ function failure(message: string): EpisodeResponse {
 // ---- the service -------------------------------------------------------------------------------
 
 function episode(call: grpc.ServerDuplexStream<EpisodeRequest, EpisodeResponse>): void {
-  const error = denied(call);
-  if (error) {
-    call.emit("error", error);
-    return;
-  }
   let current: Episode | undefined;
   let counted = false;
   const release = () => {
@@ -158,9 +155,7 @@ function episode(call: grpc.ServerDuplexStream<EpisodeRequest, EpisodeResponse>)
   }
 }
 
-function info(call: grpc.ServerUnaryCall<object, object>, callback: grpc.sendUnaryData<object>): void {
-  const error = denied(call);
-  if (error) return callback(error);
+function info(_call: grpc.ServerUnaryCall<object, object>, callback: grpc.sendUnaryData<object>): void {
   callback(null, {
     name: NAME,
     version: VERSION,
@@ -171,24 +166,19 @@ function info(call: grpc.ServerUnaryCall<object, object>, callback: grpc.sendUna
   });
 }
 
-/** The error for a call without the configured bearer token (RLJOB_ENVIRONMENT_TOKEN), if one is configured. */
-function denied(call: { metadata: grpc.Metadata }): grpc.ServerErrorResponse | undefined {
-  const token = state.token;
-  if (!token || call.metadata.get("authorization")[0] === `Bearer ${token}`) return undefined;
-  const details = "bad or missing bearer token";
-  return Object.assign(new Error(details), { code: grpc.status.UNAUTHENTICATED, details });
-}
-
 // ---- start and drain ---------------------------------------------------------------------------
 
 const STEP_LATENCY_MS = Number(process.env.RLJOB_STEP_LATENCY_SECONDS ?? "0") * 1000;
 
-/** The bearer token calls must carry: RLJOB_ENVIRONMENT_TOKEN, else the file RLJOB_TOKEN_FILE names (rljob's pods). */
-function token(): string | undefined {
-  const given = process.env.RLJOB_ENVIRONMENT_TOKEN?.trim();
-  if (given) return given;
-  const file = process.env.RLJOB_TOKEN_FILE;
-  return file ? readFileSync(file, "utf8").trim() || undefined : undefined;
+/** The lock the environment names; a lock that cannot be used ends the process, naming the variable or file. */
+function locked(): Lock {
+  try {
+    return lockFromEnv();
+  } catch (err) {
+    if (!(err instanceof LockError)) throw err;
+    console.error(err.message);
+    process.exit(2);
+  }
 }
 
 function loadProtos(protoDir: string): protoLoader.PackageDefinition {
@@ -215,20 +205,20 @@ function main(): void {
   const proto = grpc.loadPackageDefinition(definition) as unknown as {
     rljob: { v1: { EnvironmentService: grpc.ServiceClientConstructor } };
   };
-  state.token = token();
+  const lock = locked();
   const health = new HealthImplementation({ "": "SERVING", [SERVICE]: "SERVING" });
-  const server = new grpc.Server();
+  const server = new grpc.Server({ interceptors: lock.interceptors });
   server.addService(proto.rljob.v1.EnvironmentService.service, { Episode: episode, Info: info });
   health.addToServer(server);
   new ReflectionService(reflectable(definition)).addToServer(server);
 
   const address = `${values.host}:${values.port}`;
-  server.bindAsync(address, grpc.ServerCredentials.createInsecure(), (err, port) => {
+  server.bindAsync(address, lock.credentials, (err, port) => {
     if (err) {
       console.error(`cannot bind ${address}: ${err.message}`);
       process.exit(1);
     }
-    console.log(`environment '${NAME}' serving on ${values.host}:${port}`);
+    console.log(`environment '${NAME}' serving on ${values.host}:${port}\n  ${lock.summary}`);
   });
 
   const drain = () => {

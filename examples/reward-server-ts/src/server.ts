@@ -13,7 +13,9 @@
 //   - scores are 0 or 1, inside Info's [min_score, max_score].
 //
 // Usage: node dist/server.js [--port 50052] [--host 0.0.0.0] [--proto-dir ../../proto]
-// With RLJOB_REWARD_TOKEN set, calls must carry `authorization: Bearer <token>` (a remote reward's tokenFile).
+// Locked by the environment (src/lock.ts): with RLJOB_TOKEN_FILE, calls must carry `authorization: Bearer <token>`
+// (the job's remote reward sends it from its tokenSecret or tokenFile); with RLJOB_TLS_CERT and RLJOB_TLS_KEY the
+// port speaks TLS (the job's `tls: true`, its `caFile` the CA that signed the certificate).
 
 import * as path from "node:path";
 import { parseArgs } from "node:util";
@@ -22,6 +24,8 @@ import * as grpc from "@grpc/grpc-js";
 import * as protoLoader from "@grpc/proto-loader";
 import { ReflectionService } from "@grpc/reflection";
 import { HealthImplementation } from "grpc-health-check";
+
+import { Lock, LockError, lockFromEnv } from "./lock";
 
 const SERVICE = "rljob.v1.RewardService";
 const FUNCTION_NAME = "exact-match";
@@ -86,7 +90,7 @@ class ScoreFailure extends Error {
   }
 }
 
-const state: { draining: boolean; token?: string } = { draining: false };
+const state: { draining: boolean } = { draining: false };
 
 // ---- the reward -------------------------------------------------------------------------------
 
@@ -190,11 +194,6 @@ function refusal(sample: RewardSample, inFlight: Set<string>): SampleScore | und
 }
 
 function score(call: grpc.ServerDuplexStream<ScoreRequest, ScoreResponse>): void {
-  const error = denied(call);
-  if (error) {
-    call.emit("error", error);
-    return;
-  }
   const inFlight = new Set<string>();
   let readDone = false;
   const endIfDone = () => {
@@ -227,8 +226,6 @@ function scoreBatch(
 ): void {
   const samples = call.request.samples ?? [];
   const fail = (code: grpc.status, details: string) => callback({ code, details });
-  const error = denied(call);
-  if (error) return callback(error);
   if (state.draining) return fail(grpc.status.UNAVAILABLE, "reward server is draining");
   if (samples.length > MAX_BATCH_SIZE) {
     const details = `batch of ${samples.length} samples is over max_batch_size ${MAX_BATCH_SIZE}`;
@@ -248,9 +245,7 @@ function scoreBatch(
   );
 }
 
-function info(call: grpc.ServerUnaryCall<object, object>, callback: grpc.sendUnaryData<object>): void {
-  const error = denied(call);
-  if (error) return callback(error);
+function info(_call: grpc.ServerUnaryCall<object, object>, callback: grpc.sendUnaryData<object>): void {
   callback(null, {
     name: FUNCTION_NAME,
     version: VERSION,
@@ -260,14 +255,6 @@ function info(call: grpc.ServerUnaryCall<object, object>, callback: grpc.sendUna
     max_score: 1,
     functions: [FUNCTION_NAME],
   });
-}
-
-/** The error for a call without the configured bearer token (RLJOB_REWARD_TOKEN), if one is configured. */
-function denied(call: { metadata: grpc.Metadata }): grpc.ServerErrorResponse | undefined {
-  const token = state.token;
-  if (!token || call.metadata.get("authorization")[0] === `Bearer ${token}`) return undefined;
-  const details = "bad or missing bearer token";
-  return Object.assign(new Error(details), { code: grpc.status.UNAUTHENTICATED, details });
 }
 
 // ---- start and drain --------------------------------------------------------------------------
@@ -283,6 +270,17 @@ function loadProtos(protoDir: string): protoLoader.PackageDefinition {
   });
 }
 
+/** The lock the environment names; a lock that cannot be used ends the process, naming the variable or file. */
+function locked(): Lock {
+  try {
+    return lockFromEnv();
+  } catch (err) {
+    if (!(err instanceof LockError)) throw err;
+    console.error(err.message);
+    process.exit(2);
+  }
+}
+
 function main(): void {
   const defaultProtoDir = process.env.RLJOB_PROTO_DIR ?? path.resolve(__dirname, "../../../proto");
   const { values } = parseArgs({
@@ -296,20 +294,20 @@ function main(): void {
   const proto = grpc.loadPackageDefinition(definition) as unknown as {
     rljob: { v1: { RewardService: grpc.ServiceClientConstructor } };
   };
-  state.token = process.env.RLJOB_REWARD_TOKEN?.trim() || undefined;
+  const lock = locked();
   const health = new HealthImplementation({ "": "SERVING", [SERVICE]: "SERVING" });
-  const server = new grpc.Server();
+  const server = new grpc.Server({ interceptors: lock.interceptors });
   server.addService(proto.rljob.v1.RewardService.service, { Score: score, ScoreBatch: scoreBatch, Info: info });
   health.addToServer(server);
   new ReflectionService(definition).addToServer(server);
 
   const address = `${values.host}:${values.port}`;
-  server.bindAsync(address, grpc.ServerCredentials.createInsecure(), (err, port) => {
+  server.bindAsync(address, lock.credentials, (err, port) => {
     if (err) {
       console.error(`cannot bind ${address}: ${err.message}`);
       process.exit(1);
     }
-    console.log(`reward '${FUNCTION_NAME}' serving on ${values.host}:${port}`);
+    console.log(`reward '${FUNCTION_NAME}' serving on ${values.host}:${port}\n  ${lock.summary}`);
   });
 
   const drain = () => {
