@@ -7,6 +7,7 @@ plain-text call gets nowhere; and the real `rljob run`, with the job's `tls: tru
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
@@ -30,8 +31,9 @@ from lock_doors import (
     reward_score,
 )
 
+from rljob_api.workercfg import TOKEN_FILE_ENV
 from rljob_workers.common.auth import TokenError
-from rljob_workers.common.server_lock import LockError, ServerLock, load_lock
+from rljob_workers.common.server_lock import TLS_CERT_ENV, TLS_KEY_ENV, LockError, ServerLock, load_lock
 from rljob_workers.driver.telemetry.metrics import first_reaching, read_metrics
 
 from conftest import REPO, run_until_learned
@@ -72,6 +74,21 @@ def test_the_environment_names_the_lock_and_without_it_the_server_says_it_is_ope
     assert loaded.summary == f"calls need the job's token (from {str(lock.token)!r}); TLS ({str(lock.tls.cert)!r})"
     assert ServerLock.from_env({}) == ServerLock() and load_lock(ServerLock()).token is None
     assert load_lock(ServerLock()).summary.startswith("open: no token, no TLS")
+
+
+def test_the_docs_name_the_locks_arguments_and_variables_as_the_code_does() -> None:
+    variables = (TOKEN_FILE_ENV, TLS_CERT_ENV, TLS_KEY_ENV)
+    assert variables == ("RLJOB_TOKEN_FILE", "RLJOB_TLS_CERT", "RLJOB_TLS_KEY")
+    guides = ["docs/security.md", "docs/rewards.md", "docs/environments.md"]
+    readmes = [f"examples/{name}-server-ts/README.md" for name in ("reward", "environment")]
+    for doc in guides + readmes:
+        text = (REPO / doc).read_text()
+        assert all(f"`{name}`" in text for name in variables), doc
+    for doc in guides:
+        text = (REPO / doc).read_text()
+        assert "ServerLock(" in text and "lock=" in text, doc
+    security = (REPO / "docs" / "security.md").read_text()
+    assert all(f"{field.name}=" in security for field in dataclasses.fields(ServerLock))
 
 
 def test_the_typescript_examples_share_one_lock_file() -> None:
