@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography.hazmat.primitives import serialization
 from example_job import example_job
 from lock_doors import (
     TOKEN,
@@ -49,7 +50,7 @@ def lock(tmp_path_factory: pytest.TempPathFactory) -> Lock:
 # -- the lock's options: refused in one line naming what is wrong ----------------------------------------
 
 
-def test_a_lock_that_cannot_be_used_is_refused_naming_the_argument_variable_or_file(lock: Lock) -> None:
+def test_a_lock_that_cannot_be_used_is_refused_naming_the_argument_variable_or_file(lock: Lock, tmp_path: Path) -> None:
     with pytest.raises(LockError, match="token or token_file, not both"):
         ServerLock(token="a", token_file=lock.token)
     with pytest.raises(LockError, match="token is empty"):
@@ -64,6 +65,17 @@ def test_a_lock_that_cannot_be_used_is_refused_naming_the_argument_variable_or_f
         load_lock(ServerLock(tls_cert="/nonexistent/cert.pem", tls_key=lock.tls.key))
     with pytest.raises(LockError, match="are not a PEM certificate chain and its private key"):
         load_lock(ServerLock(tls_cert=lock.tls.ca, tls_key=lock.tls.key))  # the CA's certificate, the server's key
+    encrypted = tmp_path / "encrypted.key"
+    key = serialization.load_pem_private_key(lock.tls.key.read_bytes(), None)
+    encrypted.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"passphrase"),
+        )
+    )
+    with pytest.raises(LockError, match="is encrypted: gRPC takes a key without a passphrase"):
+        load_lock(ServerLock(tls_cert=lock.tls.cert, tls_key=encrypted))  # never a prompt on the terminal
 
 
 def test_the_environment_names_the_lock_and_without_it_the_server_says_it_is_open(lock: Lock) -> None:

@@ -72,8 +72,13 @@ class ServerLock:
         if self.tls_cert is None or self.tls_key is None:
             return None
         cert, key = _read(self.tls_cert, "tls_cert"), _read(self.tls_key, "tls_key")
+
+        def no_password() -> str:  # without it OpenSSL would ask for one on the terminal, and wait
+            raise LockError(f"tls_key {str(self.tls_key)!r} is encrypted: gRPC takes a key without a passphrase")
+
         try:
-            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(self.tls_cert, self.tls_key)
+            context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            context.load_cert_chain(self.tls_cert, self.tls_key, password=no_password)
         except ssl.SSLError as exc:
             raise LockError(
                 f"tls_cert {str(self.tls_cert)!r} and tls_key {str(self.tls_key)!r} are not a PEM certificate "
