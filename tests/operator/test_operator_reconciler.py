@@ -21,11 +21,11 @@ import yaml
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import parse_rljob
 from rljob_operator.config import OperatorConfig
-from rljob_operator.context import Context, owner_of, parse_job
-from rljob_operator.metrics import OperatorMetrics
-from rljob_operator.ownership import NameTaken
-from rljob_operator.reconciler import ensure_children, refresh
-from rljob_operator.writer import job_token
+from rljob_operator.kube.ownership import NameTaken
+from rljob_operator.reconcile.context import Context, owner_of, parse_job
+from rljob_operator.reconcile.metrics import OperatorMetrics
+from rljob_operator.reconcile.reconciler import ensure_children, refresh
+from rljob_operator.reconcile.writer import job_token
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "team"

@@ -19,8 +19,7 @@ import yaml
 
 from rljob_api import RLJob
 from rljob_api.workercfg import TERMINATION_LOG_ENV, TOKEN_FILE_ENV, Ports, WorkerConfigs
-
-from .names import (
+from rljob_operator.names import (
     CONFIG_DIR,
     JOB_TOKEN_FILE,
     JOB_TOKEN_KEY,
@@ -41,9 +40,18 @@ from .names import (
     service_account_name,
     token_secret_name,
 )
-from .options import ElasticGroups, Owner, RenderOptions
-from .pods import WRITABLE_ENV, code_env, code_mounts, code_volumes, container, pod_template, volume_mounts, volumes
-from .raycluster import render_ray_cluster
+from rljob_operator.options import ElasticGroups, Owner, RenderOptions
+from rljob_operator.render.pods import (
+    WRITABLE_ENV,
+    code_env,
+    code_mounts,
+    code_volumes,
+    container,
+    pod_template,
+    volume_mounts,
+    volumes,
+)
+from rljob_operator.render.raycluster import render_ray_cluster
 
 # The children that hold GPUs (the pools) and the driver: what suspend deletes.
 POOL_KINDS = ("RayCluster",)
@@ -198,7 +206,7 @@ def driver_env(job: RLJob) -> list[dict[str, Any]]:
 
 def ray_auth_env(job: RLJob) -> list[dict[str, Any]]:
     """The driver's `ray start` and `ray.init` join a cluster that requires the job's token (authOptions,
-    raycluster.py): the same two variables KubeRay gives the pods it makes."""
+    render/raycluster.py): the same two variables KubeRay gives the pods it makes."""
     secret = {"secretKeyRef": {"name": token_secret_name(job), "key": RAY_TOKEN_KEY}}
     return [{"name": "RAY_AUTH_MODE", "value": "token"}, {"name": "RAY_AUTH_TOKEN", "valueFrom": secret}]
 
@@ -292,7 +300,7 @@ def render(
 ) -> list[dict[str, Any]]:
     """Every child the job should have now; `configs` are the job's worker configs, derived once by the caller.
 
-    `groups` are the elastic groups' current sizes and the drained replicas to delete (see group_sizing.py);
+    `groups` are the elastic groups' current sizes and the drained replicas to delete (see render/group_sizing.py);
     `finished` (the driver Job completed or failed) releases the pools but keeps the driver Job.
     """
     docs = [

@@ -1,4 +1,4 @@
-"""kopf handlers, thin: validate into the model, then `ensure_children` / `refresh` (reconciler.py).
+"""kopf handlers, thin: validate into the model, then `ensure_children` / `refresh` (reconcile/reconciler.py).
 
 - create, update (spec or labels) and resume (operator start): validate, apply the children, refresh status;
 - every RLJob seen on the watch is remembered; a background poller refreshes each one every `interval`
@@ -18,16 +18,15 @@ import kopf
 from kubernetes.client.exceptions import ApiException
 
 from rljob_api import GROUP, PLURAL, VERSION, RLJob, RLJobInvalid
-
-from .children import Children
-from .config import OperatorConfig
-from .context import Context, invalid_message, key_of, parse_job
-from .control import ControlClients
-from .events import post
-from .kube import Kube, describe, load_api_client, urgent_workers
-from .metrics import OperatorMetrics
-from .ownership import NameTaken
-from .reconciler import ensure_children, refresh
+from rljob_operator.config import OperatorConfig
+from rljob_operator.kube.children import Children
+from rljob_operator.kube.client import Kube, describe, load_api_client, urgent_workers
+from rljob_operator.kube.control import ControlClients
+from rljob_operator.kube.ownership import NameTaken
+from rljob_operator.reconcile.context import Context, invalid_message, key_of, parse_job
+from rljob_operator.reconcile.events import post
+from rljob_operator.reconcile.metrics import OperatorMetrics
+from rljob_operator.reconcile.reconciler import ensure_children, refresh
 
 log = logging.getLogger(__name__)
 RESOURCE = (GROUP, VERSION, PLURAL)
@@ -77,7 +76,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.event(*RESOURCE)
 async def remember(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """Keep the newest body of every RLJob for the poller; forget deleted ones. The first one also hands the
-    poller kopf's indexes of the jobs' children (children.py), which kopf gives to handlers only."""
+    poller kopf's indexes of the jobs' children (kube/children.py), which kopf gives to handlers only."""
     ctx: Context = memo["rljob"]
     if ctx.children is None:
         ctx.children = Children.of_handler(kwargs)
@@ -154,7 +153,7 @@ async def poll_job(ctx: Context, key: tuple[str, str], body: dict[str, Any], ful
 
 async def poll_forever(ctx: Context) -> None:
     """Refresh every known RLJob each interval (polling its controller), and a job whose children changed
-    as soon as kopf's watches say so (children.py); `concurrency` at a time."""
+    as soon as kopf's watches say so (kube/children.py); `concurrency` at a time."""
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(ctx.config.concurrency)
 

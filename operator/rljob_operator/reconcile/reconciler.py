@@ -3,7 +3,7 @@
 `ensure_children` (the handlers) has `writer.write_children` write every child; `refresh` reads the
 children and the controller, updates the `Desired` state (a scale decision, a release) and has
 `write_children` write the pools where their rendering changed, then writes status when it changed
-and posts an Event on every phase change and every new Degraded reason (events.py). Both are
+and posts an Event on every phase change and every new Degraded reason (reconcile/events.py). Both are
 serialised per job, and each derives the job's worker configs once.
 """
 
@@ -21,16 +21,15 @@ from kubernetes.client.exceptions import ApiException
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import RLJob, RLJobStatus, derive_worker_configs
 from rljob_api.workercfg import WorkerConfigs
-
-from .claims import check_claims
-from .context import Context, key_of, owner_of, stored_status
-from .desired import next_desired, read_back
-from .events import announce, post
-from .kube import describe
-from .names import driver_name, ray_cluster_name
-from .observe import Observed, final_snapshot, observe
-from .status import compute_status
-from .writer import job_token, write_children
+from rljob_operator.kube.claims import check_claims
+from rljob_operator.kube.client import describe
+from rljob_operator.names import driver_name, ray_cluster_name
+from rljob_operator.reconcile.context import Context, key_of, owner_of, stored_status
+from rljob_operator.reconcile.events import announce, post
+from rljob_operator.reconcile.writer import job_token, write_children
+from rljob_operator.status.compute import compute_status
+from rljob_operator.status.desired import next_desired, read_back
+from rljob_operator.status.observe import Observed, final_snapshot, observe
 
 log = logging.getLogger(__name__)
 POOL_LABEL_SELECTOR = "rljob.io/job"
@@ -57,7 +56,7 @@ async def ensure_children(ctx: Context, job: RLJob, body: Mapping[str, Any]) -> 
 
 
 async def check_claims_of(ctx: Context, job: RLJob, body: Mapping[str, Any]) -> None:
-    """Read the job's claims (claims.py) and post a Warning Event for each problem not seen before."""
+    """Read the job's claims (kube/claims.py) and post a Warning Event for each problem not seen before."""
     key = key_of(job)
     try:
         found = await check_claims(ctx.kube, job)

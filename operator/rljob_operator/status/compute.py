@@ -9,11 +9,10 @@ from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import Condition, PoolReplicas, PoolsStatus, RLJob, RLJobStatus
 from rljob_api.status import EvalStats, Phase, RewardStats, StalenessStats
 from rljob_api.workercfg import POOLS, Pool, cluster_pools
-
-from .claims import ClaimProblem, volumes_condition
-from .group_sizing import clamp_replicas
-from .observe import Observed
-from .restarts import count_restarts
+from rljob_operator.render.group_sizing import clamp_replicas
+from rljob_operator.status.observe import Observed
+from rljob_operator.status.restarts import count_restarts
+from rljob_operator.status.volumes import ClaimProblem, volumes_condition
 
 CONDITION_TYPES = (
     "RolloutReady",
@@ -307,8 +306,8 @@ def compute_status(
     """The status to write: phase, conditions, pool counts from the cluster, progress from the controller.
 
     Without a snapshot (the controller is not up, or did not answer) the last progress is kept;
-    `claim_problems` (claims.py) None: the claims are not checked yet; `name_taken`: the objects of children's
-    names that are not the job's (ownership.py), which keep every child from being written."""
+    `claim_problems` (kube/claims.py) None: the claims are not checked yet; `name_taken`: the objects of children's
+    names that are not the job's (kube/ownership.py), which keep every child from being written."""
     live = not job.spec.suspend and not (observed.driver is not None and observed.driver.finished)
     pools = _pools(job, observed, live=live)
     phase = _phase(job, observed, pools, snapshot)
