@@ -26,7 +26,7 @@ from rljob_api import CheckpointSpec, RewardSpec, RolloutSpec, ScalingSpec, Weig
 from rljob_api.algorithm import AlgorithmSpec, RolloutCorrectionSpec
 from rljob_api.base import Model
 from rljob_api.placement import Placement, default_shm_size
-from rljob_operator.status.compute import CONDITION_TYPES
+from rljob_operator.status.conditions import CONDITION_TYPES
 from rljob_workers.driver.cli import build_parser, main
 
 from conftest import REPO
@@ -258,7 +258,7 @@ def test_every_condition_list_names_each_condition_type(doc: Path) -> None:
     listed = condition_list(doc.read_text())
     assert len(listed) == len(set(listed)) and set(listed) == set(CONDITION_TYPES), (
         f"{doc.relative_to(REPO)}: its list after {CONDITIONS_MARK!r} names {listed}; "
-        f"the operator sets {list(CONDITION_TYPES)} (operator/rljob_operator/status/compute.py)"
+        f"the operator sets {list(CONDITION_TYPES)} (operator/rljob_operator/status/conditions.py)"
     )
 
 

@@ -1,262 +1,29 @@
-"""An RLJob's status from what the cluster and the controller report. Pure: `now` is an argument."""
+"""An RLJob's status from what the cluster and the controller report: phase (phase.py), conditions
+(conditions.py, degraded.py), pool counts (pools.py), progress, restarts. Pure: `now` is an argument."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import datetime
 
 from rljob.v1 import control_service_pb2 as control_pb
-from rljob_api import Condition, PoolReplicas, PoolsStatus, RLJob, RLJobStatus
+from rljob_api import PoolsStatus, RLJob, RLJobStatus
 from rljob_api.status import EvalStats, Phase, RewardStats, StalenessStats
-from rljob_api.workercfg import POOLS, Pool, cluster_pools
-from rljob_operator.render.group_sizing import clamp_replicas
+from rljob_api.workercfg import POOLS, cluster_pools
+from rljob_operator.status.conditions import (
+    READY_TYPE,
+    aggregate,
+    as_conditions,
+    pool_condition,
+    progressing,
+    rfc3339,
+)
+from rljob_operator.status.degraded import degraded_condition, failure_reason, waiting_for_reward
 from rljob_operator.status.observe import Observed
+from rljob_operator.status.phase import TERMINAL, phase_of
+from rljob_operator.status.pools import counts_text, pool_counts
 from rljob_operator.status.restarts import count_restarts
 from rljob_operator.status.volumes import ClaimProblem, volumes_condition
-
-CONDITION_TYPES = (
-    "RolloutReady",
-    "TrainerReady",
-    "RewardReady",
-    "EnvironmentReady",
-    "VolumesReady",
-    "Progressing",
-    "Degraded",
-    "Ready",
-    "Succeeded",
-    "Failed",
-)
-READY_TYPE: dict[Pool, str] = {
-    "rollout": "RolloutReady",
-    "trainer": "TrainerReady",
-    "reward": "RewardReady",
-    "environment": "EnvironmentReady",
-}
-TERMINAL: tuple[Phase, ...] = ("Succeeded", "Failed")
-GPU_SHORTAGE = "Insufficient nvidia.com/gpu"
-
-
-def rfc3339(now: datetime) -> str:
-    return now.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def desired_replicas(job: RLJob, observed: Observed, pool: Pool, *, live: bool) -> int:
-    """Pods a pool should have: none while suspended or finished, or for a pool the job does not run; an
-    elastic group as last scaled."""
-    if not live or pool not in cluster_pools(job.spec):
-        return 0
-    if pool == "rollout":
-        return job.spec.rollout.replicas
-    if pool == "trainer":
-        return job.spec.trainer.nodes
-    return clamp_replicas(job, pool, observed.groups.of(pool).replicas)
-
-
-def _pools(job: RLJob, observed: Observed, *, live: bool) -> PoolsStatus:
-    counts = {
-        pool: PoolReplicas(
-            desired=desired_replicas(job, observed, pool, live=live),
-            ready=sum(1 for p in observed.pool_pods(pool) if p.serving),
-        )
-        for pool in cluster_pools(job.spec)
-    }
-    return PoolsStatus(**counts)
-
-
-def _ready(counts: PoolReplicas | None) -> bool:
-    return counts is not None and counts.ready >= counts.desired
-
-
-def _counts(counts: PoolReplicas | None) -> str:
-    return f"{counts.ready}/{counts.desired}" if counts is not None else "-"
-
-
-def _unschedulable(observed: Observed, pool: Pool) -> list[str]:
-    return [p.unschedulable for p in observed.pool_pods(pool) if p.unschedulable and not p.deleting]
-
-
-def _phase(job: RLJob, observed: Observed, pools: PoolsStatus, snapshot: control_pb.JobStatus | None) -> Phase:
-    driver = observed.driver
-    run = snapshot.phase if snapshot is not None else control_pb.RUN_PHASE_UNSPECIFIED
-    if job.spec.suspend:
-        return "Suspended"
-    if (driver is not None and driver.failed) or run == control_pb.RUN_PHASE_FAILED:
-        return "Failed"
-    if (driver is not None and driver.succeeded) or run == control_pb.RUN_PHASE_SUCCEEDED:
-        return "Succeeded"
-    if not observed.ray_cluster and driver is None:
-        return "Pending"
-    if run in (control_pb.RUN_PHASE_RUNNING, control_pb.RUN_PHASE_STOPPING):
-        # The controller trains: its pools serve, whatever their pods' Ready conditions say yet
-        # (KubeRay's probes lag the Ray workers by seconds; an elastic pool grows while it trains).
-        return "Running"
-    head_ready = observed.head is not None and observed.head.serving
-    pools_ready = head_ready and all(_ready(pools.of(p)) for p in cluster_pools(job.spec))
-    driving = driver is not None and driver.running
-    return "Running" if observed.ray_cluster and pools_ready and driving else "Provisioning"
-
-
-def _pool_condition(
-    job: RLJob, pool: Pool, counts: PoolReplicas | None, observed: Observed, phase: Phase
-) -> tuple[str, str, str]:
-    if counts is None or pool not in cluster_pools(job.spec):
-        return "True", "NotUsed", f"the job runs no {pool} pool"
-    if phase == "Suspended":
-        return "False", "Suspended", "the job is suspended; its pools are torn down"
-    if phase in TERMINAL:
-        return "False", phase, f"the run {phase.lower()}; its pools are released"
-    text = f"{counts.ready}/{counts.desired} replicas ready"
-    if counts.ready >= counts.desired:
-        return "True", "ReplicasReady", text
-    pulls = observed.image_pulls(pool)
-    if pulls:
-        return "False", "ImagePullFailed", f"{text}; {len(pulls)} cannot pull their image: {pulls[0]}"
-    pending = _unschedulable(observed, pool)
-    if pending:
-        reason = "InsufficientGPUs" if any(GPU_SHORTAGE in m for m in pending) else "Unschedulable"
-        return "False", reason, f"{text}; {len(pending)} unschedulable: {pending[0]}"
-    return "False", "ReplicasNotReady", text
-
-
-def _progressing(phase: Phase, snapshot: control_pb.JobStatus | None, job: RLJob) -> tuple[str, str, str]:
-    if phase == "Suspended":
-        return "False", "Suspended", "suspended; resumes from the newest checkpoint"
-    if phase in TERMINAL:
-        return "False", phase, f"the run {phase.lower()}"
-    if phase == "Pending":
-        return "Unknown", "Pending", "children not created yet"
-    if phase == "Provisioning":
-        return "True", "Provisioning", "waiting for the Ray head, the pools and the driver"
-    if snapshot is None:
-        return "Unknown", "ControllerUnreachable", "the controller's ControlService did not answer"
-    total = snapshot.total_steps or job.spec.algorithm.total_steps
-    return "True", "Training", f"step {snapshot.step}/{total}, policy version {snapshot.policy_version}"
-
-
-FAILURE_REASONS = {
-    control_pb.FAILURE_REASON_PROGRESS_DEADLINE: "ProgressDeadlineExceeded",
-    control_pb.FAILURE_REASON_ACTIVE_DEADLINE: "ActiveDeadlineExceeded",
-}
-
-
-def failure_reason(observed: Observed, snapshot: control_pb.JobStatus | None) -> str:
-    """The Failed condition's reason: the run's own kind of failure where it has one (the driver Job's
-    deadline, Kubernetes' backstop of spec.activeDeadlineSeconds, counts as the run's), else Failed."""
-    if snapshot is not None and snapshot.failure_reason in FAILURE_REASONS:
-        return FAILURE_REASONS[snapshot.failure_reason]
-    driver = observed.driver
-    return "ActiveDeadlineExceeded" if driver is not None and driver.deadline_exceeded else "Failed"
-
-
-def _aggregate(
-    phase: Phase, message: str, wanted: dict[str, tuple[str, str, str]], failed: str
-) -> dict[str, tuple[str, str, str]]:
-    """Ready (running, every pool and volume ready), and the terminal Succeeded and Failed, so that
-    `kubectl wait --for=condition=Succeeded rljob/NAME` works."""
-    parts = [kind for kind in (*READY_TYPE.values(), "VolumesReady") if wanted[kind][0] != "True"]
-    ready: tuple[str, str, str]
-    if phase != "Running":
-        ready = ("False", phase, f"the run is {phase}")
-    elif parts:
-        ready = ("False", "NotReady", f"not ready: {', '.join(parts)}")
-    else:
-        ready = ("True", "Running", "")
-    done = phase in ("Succeeded", "Failed")
-    return {
-        "Ready": ready,
-        "Succeeded": ("True", "Succeeded", message) if phase == "Succeeded" else ("False", phase, ""),
-        "Failed": ("True", failed, message) if phase == "Failed" else ("False", phase if done else "NotFailed", ""),
-    }
-
-
-def _degraded(
-    job: RLJob, observed: Observed, phase: Phase, message: str, snapshot: control_pb.JobStatus | None
-) -> tuple[str, str, str]:
-    if phase == "Failed":
-        return "True", failure_reason(observed, snapshot), message
-    if phase in ("Suspended", "Succeeded"):
-        return "False", "AsExpected", ""
-    pulls = observed.image_pulls()
-    if pulls:
-        pools = [p for p in POOLS if observed.image_pulls(p)]
-        where = f" of pool {', '.join(pools)}" if pools else ""
-        return "True", "ImagePullFailed", f"{len(pulls)} pod(s){where} cannot pull their image; {pulls[0]}"
-    crashing = [p for p in POOLS if observed.crash_loops(p)]
-    if crashing:
-        first = observed.crash_loops(crashing[0])
-        return "True", "CrashLoopBackOff", f"pods of pool {', '.join(crashing)} keep crashing; {first[0]}"
-    short = [p for p in POOLS if any(GPU_SHORTAGE in m for m in _unschedulable(observed, p))]
-    if short:
-        gpus = {
-            "rollout": job.spec.rollout.gpus_per_replica,
-            "trainer": job.spec.trainer.gpus_per_node,
-            "reward": job.spec.reward.gpus_per_replica,
-            "environment": job.spec.environment.gpus_per_replica if job.spec.environment else 0,
-        }
-        detail = ", ".join(f"{p} ({gpus[p]} nvidia.com/gpu per pod)" for p in short)
-        return "True", "InsufficientGPUs", f"pods of pool {detail} are unschedulable: not enough free GPUs"
-    stuck = [p for p in POOLS if _unschedulable(observed, p)]
-    if stuck:
-        return "True", "Unschedulable", f"pods of pool {', '.join(stuck)}: {_unschedulable(observed, stuck[0])[0]}"
-    driver = observed.driver
-    if driver is not None and driver.failed_attempts and not driver.finished:
-        return (
-            "True",
-            "DriverRestarted",
-            f"the driver failed {driver.failed_attempts} time(s); it resumes from the newest checkpoint",
-        )
-    return _run_trouble(job, phase, snapshot)
-
-
-def _run_trouble(job: RLJob, phase: Phase, snapshot: control_pb.JobStatus | None) -> tuple[str, str, str]:
-    """What the controller reports going wrong in a live run: samples waiting for reward, no step for half the
-    progress deadline, a replica's blocked event loop."""
-    waiting = _waiting_for_reward(snapshot)
-    if waiting:
-        return "True", "WaitingForReward", waiting
-    deadline = job.spec.progress_deadline_seconds
-    if snapshot is not None and phase == "Running" and snapshot.seconds_since_step >= deadline / 2:
-        stalled = snapshot.seconds_since_step
-        return (
-            "True",
-            "NoProgress",
-            f"no train step for {stalled:.0f} s; the run fails at progressDeadlineSeconds {deadline:g}",
-        )
-    if snapshot is not None and snapshot.loop_blocked:
-        return "True", "EventLoopBlocked", snapshot.loop_blocked
-    return "False", "AsExpected", ""
-
-
-def _conditions(
-    previous: RLJobStatus | None, wanted: dict[str, tuple[str, str, str]], generation: int | None, now: datetime
-) -> list[Condition]:
-    """Conditions in a fixed order; lastTransitionTime moves only when a condition's status changes."""
-    before = {c.type: c for c in (previous.conditions if previous else [])}
-    out = []
-    for kind in CONDITION_TYPES:
-        status, reason, message = wanted[kind]
-        old = before.get(kind)
-        changed = old is None or old.status != status or old.last_transition_time is None
-        out.append(
-            Condition(
-                type=kind,
-                status=status,  # type: ignore[arg-type]
-                reason=reason,
-                message=message,
-                last_transition_time=rfc3339(now) if changed else old.last_transition_time,  # type: ignore[union-attr]
-                observed_generation=generation,
-            )
-        )
-    return out
-
-
-def _waiting_for_reward(snapshot: control_pb.JobStatus | None) -> str:
-    """What the run waits for under reward onError: wait, or "" when no sample waits."""
-    if snapshot is None or snapshot.phase != control_pb.RUN_PHASE_RUNNING or not snapshot.samples.waiting_for_reward:
-        return ""
-    count = snapshot.samples.waiting_for_reward
-    reason = snapshot.reward_wait_reason or "no reason given"
-    return f"{count} sample(s) waiting for reward (onError: wait): {reason}"
 
 
 def _message(
@@ -272,7 +39,7 @@ def _message(
         if snapshot is not None and snapshot.message:
             return snapshot.message
         return (driver.message if driver else "") or "the driver failed"
-    sizes = ", ".join(f"{p} {_counts(pools.of(p))}" for p in cluster_pools(job.spec))
+    sizes = ", ".join(f"{p} {counts_text(pools.of(p))}" for p in cluster_pools(job.spec))
     pulls = observed.image_pulls() if phase not in TERMINAL else []
     return (
         f"{phase}: {sizes}"
@@ -309,20 +76,20 @@ def compute_status(
     `claim_problems` (kube/claims.py) None: the claims are not checked yet; `name_taken`: the objects of children's
     names that are not the job's (kube/ownership.py), which keep every child from being written."""
     live = not job.spec.suspend and not (observed.driver is not None and observed.driver.finished)
-    pools = _pools(job, observed, live=live)
-    phase = _phase(job, observed, pools, snapshot)
-    waiting = _waiting_for_reward(snapshot)
+    pools = pool_counts(job, observed, live=live)
+    phase = phase_of(job, observed, pools, snapshot)
+    waiting = waiting_for_reward(snapshot)
     message = _message(job, phase, observed, snapshot, pools, waiting)
-    wanted = {READY_TYPE[p]: _pool_condition(job, p, pools.of(p), observed, phase) for p in POOLS}
+    wanted = {READY_TYPE[p]: pool_condition(job, p, pools.of(p), observed, phase) for p in POOLS}
     wanted["VolumesReady"] = volumes_condition(job, claim_problems)
-    wanted["Progressing"] = _progressing(phase, snapshot, job)
-    degraded = _degraded(job, observed, phase, message, snapshot)
+    wanted["Progressing"] = progressing(phase, snapshot, job)
+    degraded = degraded_condition(job, observed, phase, message, snapshot)
     wanted["Degraded"] = ("True", "NameTaken", name_taken) if name_taken else degraded
-    wanted.update(_aggregate(phase, message, wanted, failure_reason(observed, snapshot)))
+    wanted.update(aggregate(phase, message, wanted, failure_reason(observed, snapshot)))
     prev = previous or RLJobStatus()
     status = RLJobStatus(
         phase=phase,
-        conditions=_conditions(previous, wanted, generation, now),
+        conditions=as_conditions(previous, wanted, generation, now),
         observed_generation=generation,
         pools=pools,
         step=prev.step,
