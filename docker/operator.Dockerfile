@@ -26,7 +26,7 @@ COPY --from=build /wheels /wheels
 COPY constraints.txt /tmp/constraints.txt
 RUN pip install --no-cache-dir -c /tmp/constraints.txt "$(ls /wheels/rljob-*.whl)[operator]" \
     && rm -rf /wheels /tmp/constraints.txt \
-    && python -c "import sys, rljob_operator.handlers; assert not {'torch', 'ray'} & set(sys.modules)"
+    && python -c "import sys, rljob_operator.process.handlers; assert not {'torch', 'ray'} & set(sys.modules)"
 USER 65532:65532
 EXPOSE 8080 8081
 ENTRYPOINT ["python", "-m", "rljob_operator"]

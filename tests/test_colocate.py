@@ -193,7 +193,7 @@ def test_run_without_a_gpu_refuses_a_colocated_job_in_one_line_before_ray(
 def test_the_operator_refuses_a_colocated_job_naming_the_field(colocated: dict) -> None:
     """On a cluster each pool has its own pods: the operator's parse (what its InvalidSpec event and Failed
     status say) refuses the field."""
-    from rljob_operator.context import invalid_message, parse_job
+    from rljob_operator.reconcile.context import invalid_message, parse_job
 
     with pytest.raises(RLJobInvalid) as info:
         parse_job({**colocated, "metadata": {"name": "arithmetic", "namespace": "default"}})

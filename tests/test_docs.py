@@ -20,13 +20,13 @@ from typing import Any
 
 import pytest
 import yaml
-from test_layout import DRIVER_FLOORS, POOL_PACKAGES
+from test_layout import DRIVER_FLOORS, OPERATOR_FLOORS, POOL_PACKAGES
 
 from rljob_api import CheckpointSpec, RewardSpec, RolloutSpec, ScalingSpec, WeightSyncSpec
 from rljob_api.algorithm import AlgorithmSpec, RolloutCorrectionSpec
 from rljob_api.base import Model
 from rljob_api.placement import Placement, default_shm_size
-from rljob_operator.status import CONDITION_TYPES
+from rljob_operator.status.conditions import CONDITION_TYPES
 from rljob_workers.driver.cli import build_parser, main
 
 from conftest import REPO
@@ -195,13 +195,20 @@ def test_the_checks_catch_a_bad_anchor_and_a_bad_command(tmp_path: Path) -> None
         build_parser().parse_args(argv)
 
 
-def test_contributing_lists_every_workers_package_in_its_layout() -> None:
+def test_contributing_lists_every_package_and_room_in_its_layout() -> None:
     layout = (REPO / "CONTRIBUTING.md").read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
     packages, rooms = layout.split("### The driver's rooms", 1)
     listed = set(re.findall(r"^\| `(\w+)/`", packages, re.M)) | set(re.findall(r"^\| `\w+/`, `(\w+)/`", packages, re.M))
     assert listed == {*POOL_PACKAGES, "driver"}, "CONTRIBUTING.md's layout table and tests/test_layout.py differ"
+    rooms, operator_rooms = rooms.split("### The operator's rooms", 1)
     floors = re.findall(r"^\| `(\w+)(?:/|\.py)`", rooms, re.M)
     assert tuple(floors) == DRIVER_FLOORS, "CONTRIBUTING.md's driver rooms and tests/test_layout.py's floors differ"
+    # the operator's: a row may name several modules of one floor (`names.py`, `options.py`, `config.py`)
+    first_cells = re.findall(r"^\| ((?:`\w+(?:/|\.py)`(?:, )?)+) \|", operator_rooms, re.M)
+    operator_floors = tuple(name for cell in first_cells for name in re.findall(r"`(\w+)(?:/|\.py)`", cell))
+    assert operator_floors == tuple(f for f in OPERATOR_FLOORS if f != "__main__"), (
+        "CONTRIBUTING.md's operator rooms and tests/test_layout.py's OPERATOR_FLOORS differ"
+    )
 
 
 def test_every_rljob_validate_the_docs_show_passes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -251,7 +258,7 @@ def test_every_condition_list_names_each_condition_type(doc: Path) -> None:
     listed = condition_list(doc.read_text())
     assert len(listed) == len(set(listed)) and set(listed) == set(CONDITION_TYPES), (
         f"{doc.relative_to(REPO)}: its list after {CONDITIONS_MARK!r} names {listed}; "
-        f"the operator sets {list(CONDITION_TYPES)} (operator/rljob_operator/status.py)"
+        f"the operator sets {list(CONDITION_TYPES)} (operator/rljob_operator/status/conditions.py)"
     )
 
 

@@ -24,8 +24,8 @@ from rljob.v1 import sample_pb2
 from rljob_api import AlgorithmSpec, parse_rljob, resolve_algorithm
 from rljob_api.algorithm import Algorithm
 from rljob_api.workercfg import derive_worker_configs
-from rljob_operator.observe import Observed
-from rljob_operator.status import compute_status
+from rljob_operator.status.compute import compute_status
+from rljob_operator.status.observe import Observed
 from rljob_workers.driver.controller.batch import informative, train_batch
 from rljob_workers.driver.controller.data import Prompt, PromptSource, Row
 from rljob_workers.driver.controller.groups import Group, Sample

@@ -213,8 +213,8 @@ def test_a_run_evaluates_at_step_0_every_n_steps_and_at_the_end_apart_from_train
 
 def test_the_operator_shows_the_newest_round_and_keeps_it_between_snapshots(example_doc):
     from rljob.v1 import control_service_pb2 as control_pb
-    from rljob_operator.observe import Observed
-    from rljob_operator.status import compute_status
+    from rljob_operator.status.compute import compute_status
+    from rljob_operator.status.observe import Observed
 
     job = parse_rljob(example_doc)
     result = control_pb.EvalResult(step=20, policy_version=20, reward_mean=0.75, rewards={"exact-match": 0.75})

@@ -152,7 +152,7 @@ def test_operator_image_config_and_contents(operator_archive):
 def test_operator_image_runs_in_containerd(operator_archive):
     _, archive = operator_archive
     check = (
-        "import sys, rljob_operator.handlers;"
+        "import sys, rljob_operator.process.handlers;"
         f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r});"
         "print('heavy:', bad)"
     )

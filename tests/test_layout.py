@@ -2,15 +2,17 @@
 
 `workers/rljob_workers` is split by the process each part runs in (CONTRIBUTING.md, "Layout"): the
 driver may import every pool server's entry points; a pool server imports only the packages
-under it. Every import counts, the ones inside functions and under TYPE_CHECKING too: a lazy
-import is still an arrow, and a circle through one is still a circle.
+under it. `operator/rljob_operator` is split into rooms by what each does (CONTRIBUTING.md, "The
+operator's rooms"): a room imports only the rooms below it, and the pure ones no I/O. Every import
+counts, the ones inside functions and under TYPE_CHECKING too: a lazy import is still an arrow, and a
+circle through one is still a circle.
 """
 
 from __future__ import annotations
 
 import ast
 import textwrap
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,17 @@ ALLOWED: Mapping[str, frozenset[str]] = {
         for floor, room in enumerate(DRIVER_FLOORS)
     },
 }
+
+OPERATOR = "rljob_operator"
+# The operator's rooms, from the ground up: the shared values (three modules), the pure builders and the pure
+# status, the cluster's adapters, the actions over them, the process; each may import only the rooms below it.
+OPERATOR_FLOORS = ("names", "options", "config", "render", "status", "kube", "reconcile", "process", "__main__")
+OPERATOR_ALLOWED: Mapping[str, frozenset[str]] = {
+    room: frozenset(OPERATOR_FLOORS[:floor]) for floor, room in enumerate(OPERATOR_FLOORS)
+}
+# The rooms whose path says "pure": no client of the API server, kopf, gRPC channels or Prometheus, no event loop.
+OPERATOR_PURE = ("names", "options", "config", "render", "status")
+IO_LIBRARIES = ("kopf", "kubernetes", "grpc", "prometheus_client", "asyncio", "socket")
 
 
 def modules(root: Path, top: str = TOP) -> dict[str, Path]:
@@ -117,13 +130,23 @@ def _package(module: str) -> str:
     return parts[1] if len(parts) > 1 else ""
 
 
-def forbidden_arrows(graph: Mapping[str, set[str]], allowed: Mapping[str, frozenset[str]] = ALLOWED) -> list[str]:
-    """Each import from one package into another that the plan does not allow."""
+def _operator_room(module: str) -> str:
+    """The room a module of rljob_operator stands in: its subpackage, or the top-level module itself."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def forbidden_arrows(
+    graph: Mapping[str, set[str]],
+    allowed: Mapping[str, frozenset[str]] = ALLOWED,
+    room: Callable[[str], str] = _package,
+) -> list[str]:
+    """Each import from one package (or room) into another that the plan does not allow."""
     bad = []
     for module, targets in sorted(graph.items()):
-        source = _package(module)
+        source = room(module)
         for target in sorted(targets):
-            dest = _package(target)
+            dest = room(target)
             if dest and dest != source and dest not in allowed.get(source, frozenset()):
                 bad.append(f"{module} -> {target} ({source} may not import {dest})")
     return bad
@@ -141,6 +164,31 @@ def test_workers_import_only_downward():
     assert packages == set(ALLOWED), "a new package or room needs its place in ALLOWED and in CONTRIBUTING.md's layout"
 
 
+def test_the_operator_imports_only_downward():
+    graph = import_graph(REPO / "operator", OPERATOR)
+    assert forbidden_arrows(graph, OPERATOR_ALLOWED, _operator_room) == []
+    rooms = {_operator_room(m) for m in graph} - {""}
+    assert rooms == set(OPERATOR_FLOORS), "a new room needs its floor in OPERATOR_FLOORS and in CONTRIBUTING.md"
+
+
+def io_imports(root: Path, top: str = OPERATOR, pure: tuple[str, ...] = OPERATOR_PURE) -> list[str]:
+    """Each import of an I/O library (IO_LIBRARIES) by a module of a pure room, as 'module -> library'."""
+    found = []
+    for name, path in modules(root, top).items():
+        if _operator_room(name) not in pure:
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            for target in _imported(node, name, path.name == "__init__.py"):
+                if target.split(".")[0] in IO_LIBRARIES:
+                    found.append(f"{name} -> {target}")
+    return sorted(set(found))
+
+
+def test_the_operator_pure_rooms_do_no_io():
+    assert io_imports(REPO / "operator") == []
+
+
 def test_no_pool_process_code_under_the_driver():
     """Each pool's Ray actor lives beside its server: nothing under driver/ defines a Ray actor class."""
     actors = [
@@ -152,12 +200,12 @@ def test_no_pool_process_code_under_the_driver():
     assert actors == []
 
 
-def _tree(root: Path, files: Mapping[str, str]) -> Path:
+def _tree(root: Path, files: Mapping[str, str], top: str = TOP) -> Path:
     for name, source in files.items():
-        path = root / TOP / name
+        path = root / top / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(textwrap.dedent(source))
-    for folder in [root / TOP, *(p for p in (root / TOP).rglob("*") if p.is_dir())]:
+    for folder in [root / top, *(p for p in (root / top).rglob("*") if p.is_dir())]:
         (folder / "__init__.py").touch()
     return root
 
@@ -253,4 +301,39 @@ def test_a_driver_room_importing_one_above_it_is_found(tmp_path):
     assert forbidden_arrows(import_graph(root)) == [
         "rljob_workers.driver.pools.router -> rljob_workers.driver.controller.loop (driver.pools may not import "
         "driver.controller)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("files", "arrow"),
+    [
+        (
+            {"render/pods.py": "from rljob_operator.status.observe import Observed\n", "status/observe.py": "X = 1\n"},
+            "rljob_operator.render.pods -> rljob_operator.status.observe (render may not import status)",
+        ),
+        (
+            {"status/compute.py": "def f():\n    from ..kube.client import Kube\n", "kube/client.py": "Kube = 1\n"},
+            "rljob_operator.status.compute -> rljob_operator.kube.client (status may not import kube)",
+        ),
+        (
+            {"names.py": "from rljob_operator.process.handlers import RESOURCE\n", "process/handlers.py": "X = 1\n"},
+            "rljob_operator.names -> rljob_operator.process.handlers (names may not import process)",
+        ),
+    ],
+    ids=["absolute", "lazy-relative", "from-the-ground"],
+)
+def test_an_operator_room_importing_one_above_it_is_found(tmp_path, files, arrow):
+    graph = import_graph(_tree(tmp_path, files, OPERATOR), OPERATOR)
+    assert forbidden_arrows(graph, OPERATOR_ALLOWED, _operator_room) == [arrow]
+
+
+def test_an_io_import_in_a_pure_operator_room_is_found(tmp_path):
+    files = {
+        "render/pods.py": "import kubernetes.client\n",
+        "status/volumes.py": "async def f():\n    import asyncio\n",
+        "kube/client.py": "import kubernetes\n",  # an I/O room: allowed
+    }
+    assert io_imports(_tree(tmp_path, files, OPERATOR)) == [
+        "rljob_operator.render.pods -> kubernetes.client",
+        "rljob_operator.status.volumes -> asyncio",
     ]

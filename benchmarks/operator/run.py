@@ -88,7 +88,7 @@ def baseline(jobs: int, options: Any) -> dict[str, Any]:
     """The same RayClusters, created directly: the control plane's own cost under the same load."""
     from rljob_api import parse_rljob
     from rljob_operator.options import ElasticGroups
-    from rljob_operator.raycluster import render_ray_cluster
+    from rljob_operator.render.raycluster import render_ray_cluster
 
     ns = "baseline"
     client.CoreV1Api().create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from rljob_api import RLJob
 from rljob_api.workercfg import Pool
@@ -106,6 +107,11 @@ def component_labels(job: RLJob, component: str) -> dict[str, str]:
 
 def pool_labels(job: RLJob, pool: Pool) -> dict[str, str]:
     return {**component_labels(job, "pool"), LABEL_POOL: pool}
+
+
+def child_meta(job: RLJob, name: str, component: str) -> dict[str, Any]:
+    """A child's metadata: its name in the job's namespace, with the job's and the component's labels."""
+    return {"name": name, "namespace": job.metadata.namespace, "labels": component_labels(job, component)}
 
 
 def driver_selector(job: RLJob) -> dict[str, str]:

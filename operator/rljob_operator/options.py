@@ -64,7 +64,7 @@ class ElasticGroup:
 
 @dataclass(frozen=True)
 class ElasticGroups:
-    """The reward and environment groups as last decided (see group_sizing.py)."""
+    """The reward and environment groups as last decided (see render/group_sizing.py)."""
 
     reward: ElasticGroup = field(default_factory=ElasticGroup)
     environment: ElasticGroup = field(default_factory=ElasticGroup)

@@ -20,7 +20,7 @@ from grpc import aio
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob.v1 import control_service_pb2_grpc as control_grpc
-from rljob_operator.control import ControlClients
+from rljob_operator.kube.control import ControlClients
 
 POLL_EVERY = 0.5
 DRIVER_STARTS_FOR = 16.0  # seconds of failed polls before the controller answers

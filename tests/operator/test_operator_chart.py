@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from rljob_api import derive_worker_configs, load_rljob
-from rljob_operator.kube import KINDS
-from rljob_operator.metrics import OperatorMetrics
+from rljob_operator.kube.client import KINDS
+from rljob_operator.kube.rights import CLUSTER_RIGHTS, RIGHTS, verbs_by_resource
 from rljob_operator.options import RenderOptions
-from rljob_operator.render import render
-from rljob_operator.rights import CLUSTER_RIGHTS, RIGHTS, verbs_by_resource
+from rljob_operator.reconcile.metrics import OperatorMetrics
+from rljob_operator.render.manifests import render
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "rljob-operator"
@@ -225,7 +225,7 @@ def test_dashboard_uses_exported_metrics() -> None:
 def test_chart_network_policy_values_reach_the_rendered_policy() -> None:
     """The Deployment's environment, parsed as the operator parses it, lets in the operator's own pods
     (its release namespace and labels) on the control port and the scrapers' namespace on metrics."""
-    from rljob_operator.config import parse_config
+    from rljob_operator.process.flags import parse_config
 
     deployment = one(template("networkPolicy.egress[0].ports[0].port=53"), "Deployment")
     env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
@@ -256,7 +256,7 @@ def test_chart_network_policy_values_reach_the_rendered_policy() -> None:
 
 def scraper_peers(*sets: str) -> list[dict[str, object]]:
     """The scrapers' peers of the jobs' NetworkPolicies, from the chart's Deployment environment."""
-    from rljob_operator.config import parse_config
+    from rljob_operator.process.flags import parse_config
 
     deployment = one(template(*sets), "Deployment")
     env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}

@@ -12,13 +12,13 @@ import pytest
 import yaml
 
 from rljob_api import RLJob, parse_rljob
-from rljob_operator.claims import ClaimNeed, ClaimProblem, claim_needs, claim_problem, spread, volumes_condition
 from rljob_operator.config import OperatorConfig
-from rljob_operator.context import Context
-from rljob_operator.metrics import OperatorMetrics
-from rljob_operator.observe import observe
-from rljob_operator.reconciler import check_claims_of
-from rljob_operator.status import compute_status
+from rljob_operator.reconcile.context import Context
+from rljob_operator.reconcile.metrics import OperatorMetrics
+from rljob_operator.reconcile.reconciler import check_claims_of
+from rljob_operator.status.compute import compute_status
+from rljob_operator.status.observe import observe
+from rljob_operator.status.volumes import ClaimNeed, ClaimProblem, claim_needs, claim_problem, spread, volumes_condition
 
 REPO = Path(__file__).resolve().parents[2]
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)

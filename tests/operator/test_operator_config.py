@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from rljob_api import PoolReplicas, PoolsStatus, Restarts, RLJobStatus
-from rljob_operator.config import OperatorConfig, parse_config
-from rljob_operator.metrics import OperatorMetrics
+from rljob_operator.config import OperatorConfig
 from rljob_operator.options import RenderOptions
+from rljob_operator.process.flags import parse_config
+from rljob_operator.reconcile.metrics import OperatorMetrics
 
 
 def test_defaults() -> None:

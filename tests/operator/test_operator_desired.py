@@ -9,9 +9,9 @@ import yaml
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import RLJob, parse_rljob
 from rljob_api.workercfg import Pool
-from rljob_operator.desired import Desired, next_desired, read_back
-from rljob_operator.observe import DriverInfo, Observed, PodInfo
 from rljob_operator.options import ElasticGroup, ElasticGroups
+from rljob_operator.status.desired import Desired, next_desired, read_back
+from rljob_operator.status.observe import DriverInfo, Observed, PodInfo
 
 REPO = Path(__file__).resolve().parents[2]
 RUNNING = DriverInfo(pod=PodInfo("driver", phase="Running", ready=True))

@@ -73,8 +73,8 @@ def test_an_environment_container_that_keeps_crashing_is_degraded_naming_the_poo
     from datetime import datetime, timezone
 
     from rljob_api.workercfg import Pool
-    from rljob_operator.observe import DriverInfo, Observed, PodInfo, pod_info
-    from rljob_operator.status import compute_status
+    from rljob_operator.status.compute import compute_status
+    from rljob_operator.status.observe import DriverInfo, Observed, PodInfo, pod_info
 
     crashing = pod_info(
         {

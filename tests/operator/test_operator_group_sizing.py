@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from rljob_api import ReplicaRange
-from rljob_operator.group_sizing import decide_group
 from rljob_operator.options import ElasticGroup
+from rljob_operator.render.group_sizing import decide_group
 
 BOUNDS = ReplicaRange(min=2, max=8)
 PODS = {"r-a", "r-b", "r-c", "r-d", "r-e"}

@@ -43,12 +43,12 @@ from e2e_jobs import (
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_operator.config import OperatorConfig
-from rljob_operator.context import Context
-from rljob_operator.control import ControlClients
-from rljob_operator.handlers import poll_job
-from rljob_operator.kube import Kube
-from rljob_operator.metrics import OperatorMetrics
-from rljob_operator.rights import CLUSTER_RIGHTS, RIGHTS, verbs_by_resource
+from rljob_operator.kube.client import Kube
+from rljob_operator.kube.control import ControlClients
+from rljob_operator.kube.rights import CLUSTER_RIGHTS, RIGHTS, verbs_by_resource
+from rljob_operator.process.handlers import poll_job
+from rljob_operator.reconcile.context import Context
+from rljob_operator.reconcile.metrics import OperatorMetrics
 
 pytestmark = [skip_without_binaries(), pytest.mark.cluster]
 pytest_plugins = ["e2e_fixtures"]

@@ -15,12 +15,12 @@ from typing import Any, cast
 
 import pytest
 
-from rljob_operator import handlers
 from rljob_operator.config import OperatorConfig
-from rljob_operator.context import Context
-from rljob_operator.control import ControlClients
-from rljob_operator.kube import Kube
-from rljob_operator.metrics import OperatorMetrics
+from rljob_operator.kube.client import Kube
+from rljob_operator.kube.control import ControlClients
+from rljob_operator.process import handlers
+from rljob_operator.reconcile.context import Context
+from rljob_operator.reconcile.metrics import OperatorMetrics
 
 GOOD, BAD = ("ns", "good"), ("ns", "bad")
 
@@ -52,7 +52,7 @@ def test_a_poll_ended_by_a_stray_cancellation_does_not_stop_the_poller(
         await asyncio.gather(poller, return_exceptions=True)
         return alive
 
-    with caplog.at_level(logging.ERROR, logger="rljob_operator.handlers"):
+    with caplog.at_level(logging.ERROR, logger="rljob_operator.process.handlers"):
         alive = asyncio.run(run_for(1.0))
     assert alive, "the poller ended"
     assert polls.count(GOOD) >= 5 and polls.count(BAD) >= 5, polls

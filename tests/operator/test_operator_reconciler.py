@@ -19,13 +19,13 @@ import pytest
 import yaml
 
 from rljob.v1 import control_service_pb2 as control_pb
-from rljob_api import parse_rljob
+from rljob_api import derive_worker_configs, parse_rljob
 from rljob_operator.config import OperatorConfig
-from rljob_operator.context import Context, owner_of, parse_job
-from rljob_operator.metrics import OperatorMetrics
-from rljob_operator.ownership import NameTaken
-from rljob_operator.reconciler import ensure_children, refresh
-from rljob_operator.writer import job_token
+from rljob_operator.kube.ownership import NameTaken
+from rljob_operator.reconcile.context import Context, owner_of, parse_job
+from rljob_operator.reconcile.metrics import OperatorMetrics
+from rljob_operator.reconcile.reconciler import ensure_children, refresh
+from rljob_operator.reconcile.writer import job_token
 
 REPO = Path(__file__).resolve().parents[2]
 NS = "team"
@@ -170,13 +170,15 @@ def context() -> tuple[Context, FakeKube, LaggingInformers, FakeControl]:
 async def handle(ctx: Context, doc: dict[str, Any]) -> None:
     """What the create/update/resume handler does."""
     job = parse_job(doc)
-    await ensure_children(ctx, job, doc)
-    await refresh(ctx, job, doc)
+    configs = derive_worker_configs(job)
+    await ensure_children(ctx, job, configs, doc)
+    await refresh(ctx, job, configs, doc)
 
 
 async def poll(ctx: Context, doc: dict[str, Any], full: bool = True) -> None:
     """What the poller does: every interval (`full`: the controller is polled), or when a child changed."""
-    await refresh(ctx, parse_job(doc), doc, poll_controller=full)
+    job = parse_job(doc)
+    await refresh(ctx, job, derive_worker_configs(job), doc, poll_controller=full)
 
 
 def test_one_ray_cluster_write_per_change_while_the_cached_children_lag() -> None:
@@ -269,25 +271,6 @@ def test_suspend_tears_the_pools_down_and_resume_starts_them_at_min() -> None:
     asyncio.run(play())
 
 
-def test_a_reconcile_derives_the_worker_configs_once() -> None:
-    from derivations import counted_derivations
-
-    async def play() -> list[int]:
-        ctx, kube, cache, control = context()
-        doc = body()
-        job = parse_job(doc)
-        with counted_derivations() as calls:
-            await ensure_children(ctx, job, doc)  # the handler's reconcile: every child
-            handled = calls[0]
-            kube.put(driver_job())
-            cache.sync()
-            control.status = running(desired=2)
-            await refresh(ctx, job, doc)  # the poller's: the pools and the status
-        return [handled, calls[0] - handled]
-
-    assert asyncio.run(play()) == [1, 1]
-
-
 def foreign(kind: str, name: str) -> dict[str, Any]:
     """Another application's object, of a child's name."""
     meta = {"name": name, "namespace": NS, "labels": {"app": "payments"}, "resourceVersion": "7"}
@@ -301,11 +284,12 @@ def test_a_name_someone_else_holds_stops_every_write_until_it_is_free() -> None:
         theirs = foreign("ConfigMap", "elastic-config")
         kube.put(copy.deepcopy(theirs))
         with pytest.raises(NameTaken, match="ConfigMap team/elastic-config exists and is not this RLJob's"):
-            await ensure_children(ctx, parse_job(doc), doc)
+            await handle(ctx, doc)
         assert kube.writes == [], "nothing of the job is written while one name is taken"
         assert kube.objects[("ConfigMap", NS, "elastic-config")] == theirs
         ctx.taken[(NS, NAME)] = "ConfigMap team/elastic-config exists"
-        status = await refresh(ctx, parse_job(doc), doc)
+        job = parse_job(doc)
+        status = await refresh(ctx, job, derive_worker_configs(job), doc)
         assert status is not None
         (degraded,) = [c for c in status.conditions if c.type == "Degraded"]
         assert (degraded.status, degraded.reason) == ("True", "NameTaken")
@@ -358,7 +342,7 @@ def test_a_token_secret_that_is_not_the_jobs_is_never_sent() -> None:
         kube.put(secret)
         assert await job_token(ctx, parse_job(doc), owner_of(doc)) is None
         with pytest.raises(NameTaken, match="Secret team/elastic-token"):
-            await ensure_children(ctx, parse_job(doc), doc)
+            await handle(ctx, doc)
 
     asyncio.run(play())
 

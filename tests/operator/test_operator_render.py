@@ -16,9 +16,10 @@ import pytest
 import yaml
 
 from rljob_api import CheckpointVolumeSource, RLJob, derive_worker_configs, load_rljob, parse_rljob
-from rljob_operator.dump import dump_all
 from rljob_operator.options import ElasticGroup, ElasticGroups, Owner, RenderOptions
-from rljob_operator.render import DRIVER_COMMAND, absent_kinds, driver_command, render, run_output_dir
+from rljob_operator.render.driver import DRIVER_COMMAND, driver_command, run_output_dir
+from rljob_operator.render.dump import dump_all
+from rljob_operator.render.manifests import absent_kinds, render
 from rljob_workers.driver.cli import build_parser
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import Restarts
-from rljob_operator.observe import DriverInfo
-from rljob_operator.restarts import count_restarts, restart_events
+from rljob_operator.status.observe import DriverInfo
+from rljob_operator.status.restarts import count_restarts, restart_events
 
 
 def snapshot(run_id: str, *pools: str) -> control_pb.JobStatus:

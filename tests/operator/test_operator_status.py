@@ -13,9 +13,9 @@ from google.protobuf import json_format
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import RLJob, RLJobStatus, parse_rljob
 from rljob_api.workercfg import POOLS, Pool
-from rljob_operator.observe import DriverInfo, Observed, PodInfo, final_snapshot, observe, pod_info
 from rljob_operator.options import ElasticGroup, ElasticGroups
-from rljob_operator.status import compute_status
+from rljob_operator.status.compute import compute_status
+from rljob_operator.status.observe import DriverInfo, Observed, PodInfo, final_snapshot, observe, pod_info
 
 REPO = Path(__file__).resolve().parents[2]
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)

@@ -8,10 +8,10 @@ from test_operator_status import DRIVER_RUNNING, HEAD, T0, cond, job, running_po
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api.workercfg import Ports
-from rljob_operator.observe import DriverInfo, Observed
 from rljob_operator.options import RenderOptions
-from rljob_operator.render import DRIVER_GRACE_SECONDS, render_driver
-from rljob_operator.status import compute_status
+from rljob_operator.render.driver import DRIVER_GRACE_SECONDS, render_driver
+from rljob_operator.status.compute import compute_status
+from rljob_operator.status.observe import DriverInfo, Observed
 
 
 def running(snap: control_pb.JobStatus, **spec: object) -> tuple[str, str, str]:

@@ -73,7 +73,7 @@ alone (null: left out; {} selects all), or none when both are null. */}}
 {{- if $peer }}{{ list $peer | toJson }}{{ else }}[]{{ end -}}
 {{- end }}
 
-{{- /* Exactly operator/rljob_operator/rights.py's RIGHTS (tests/operator/test_operator_chart.py checks it). */}}
+{{- /* Exactly operator/rljob_operator/kube/rights.py's RIGHTS (tests/operator/test_operator_chart.py checks it). */}}
 {{- define "rljob-operator.rules" -}}
 - apiGroups: [rljob.io]
   resources: [rljobs]

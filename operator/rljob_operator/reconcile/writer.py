@@ -1,5 +1,5 @@
 """The one writer of an RLJob's children: it renders them from the spec and the job's `Desired` state
-(desired.py: the elastic groups' sizes, whether the run has ended), applies them (server-side apply,
+(status/desired.py: the elastic groups' sizes, whether the run has ended), applies them (server-side apply,
 idempotent) and deletes what must not exist (suspend: the pools and the driver; a finished run: the
 pools). It also makes the job's token Secret once, and reads the token back for the controller's client.
 """
@@ -14,15 +14,28 @@ from typing import Any
 
 from rljob_api import RLJob
 from rljob_api.workercfg import ELASTIC_POOLS, WorkerConfigs
-
-from .context import Context, key_of, owner_of
-from .desired import Desired
-from .events import post
-from .names import JOB_TOKEN_KEY, RAY_TOKEN_KEY, driver_name, ray_cluster_name, service_account_name, token_secret_name
-from .observe import elastic_group
-from .options import Owner
-from .ownership import NameTaken, delete_if_owned, describe_taken, owned_by, remove_legacy_rbac, taken_names
-from .render import POOL_KINDS, absent_kinds, finish, render, render_pools, render_token_secret
+from rljob_operator.kube.ownership import (
+    NameTaken,
+    delete_if_owned,
+    describe_taken,
+    owned_by,
+    remove_legacy_rbac,
+    taken_names,
+)
+from rljob_operator.names import (
+    JOB_TOKEN_KEY,
+    RAY_TOKEN_KEY,
+    driver_name,
+    ray_cluster_name,
+    service_account_name,
+    token_secret_name,
+)
+from rljob_operator.options import Owner
+from rljob_operator.reconcile.context import Context, key_of, owner_of
+from rljob_operator.reconcile.events import post
+from rljob_operator.render.manifests import POOL_KINDS, absent_kinds, finish, render, render_pools, render_token_secret
+from rljob_operator.status.desired import Desired
+from rljob_operator.status.observe import elastic_group
 
 
 async def write_children(
@@ -57,7 +70,7 @@ async def write_children(
         # checked against), then the rest at once.
         # The NetworkPolicy goes with them, so that no pod of the job is ever open to other pods.
         waves = ((*POOL_KINDS, "NetworkPolicy"), ("ServiceAccount", "ConfigMap"), ("Service", "Job"))
-        # Before the first child is written: every name is free or this job's (ownership.py).
+        # Before the first child is written: every name is free or this job's (kube/ownership.py).
         taken = await taken_names(ctx.kube, docs, owner.uid)
         if taken:
             raise NameTaken("; ".join(taken))

@@ -13,16 +13,15 @@ from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import RLJob, RLJobInvalid, RLJobStatus, parse_rljob
 from rljob_api.colocate_fit import refuse_on_a_cluster
 from rljob_api.workercfg import WorkerConfigs
-
-from .children import Children
-from .claims import ClaimProblem
-from .config import OperatorConfig
-from .control import ControlClients
-from .desired import Desired
-from .kube import Kube
-from .metrics import OperatorMetrics
-from .names import control_service_name
-from .options import Owner
+from rljob_operator.config import OperatorConfig
+from rljob_operator.kube.children import Children
+from rljob_operator.kube.client import Kube
+from rljob_operator.kube.control import ControlClients
+from rljob_operator.names import control_service_name
+from rljob_operator.options import Owner
+from rljob_operator.reconcile.metrics import OperatorMetrics
+from rljob_operator.status.desired import Desired
+from rljob_operator.status.volumes import ClaimProblem
 
 Key = tuple[str, str]
 
@@ -75,16 +74,16 @@ class Context:
     kube: Kube
     control: ControlClients
     metrics: OperatorMetrics
-    children: Children | None = None  # kopf's indexes of RayClusters, Jobs, pods (children.py); None: read the API
+    children: Children | None = None  # kopf's indexes of RayClusters, Jobs, pods (kube/children.py); None: read the API
     jobs: dict[Key, dict[str, Any]] = field(default_factory=dict)  # newest body of each RLJob, from the watch
     last: dict[Key, RLJobStatus] = field(default_factory=dict)  # the status last written
     snapshots: dict[Key, control_pb.JobStatus | None] = field(default_factory=dict)  # the controller's, last poll
-    desired: dict[Key, Desired] = field(default_factory=dict)  # what the pools are rendered from (desired.py)
+    desired: dict[Key, Desired] = field(default_factory=dict)  # what the pools are rendered from (status/desired.py)
     pools: dict[Key, dict[str, dict[str, Any] | None]] = field(default_factory=dict)  # as last written; None: deleted
     locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     tokens: dict[Key, str] = field(default_factory=dict)  # each job's token (its Secret), once read or made
     claims: dict[Key, tuple[ClaimProblem, ...]] = field(default_factory=dict)  # the last check of its claims
-    taken: dict[Key, str] = field(default_factory=dict)  # a child's name someone else holds (ownership.py)
+    taken: dict[Key, str] = field(default_factory=dict)  # a child's name someone else holds (kube/ownership.py)
     rbac_checked: set[Key] = field(default_factory=set)  # jobs whose legacy Role/RoleBinding were looked for
     token_checked: set[Key] = field(default_factory=set)  # jobs whose token Secret was made or found whole
     poked: set[Key] = field(default_factory=set)  # jobs whose children changed since the last refresh

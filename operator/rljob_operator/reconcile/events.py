@@ -8,11 +8,10 @@ from typing import Any
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import RLJobStatus
-
-from .context import Context
-from .kube import describe
-from .observe import DriverInfo
-from .restarts import restart_events
+from rljob_operator.kube.client import describe
+from rljob_operator.reconcile.context import Context
+from rljob_operator.status.observe import DriverInfo
+from rljob_operator.status.restarts import restart_events
 
 log = logging.getLogger(__name__)
 

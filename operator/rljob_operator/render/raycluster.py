@@ -16,12 +16,11 @@ from rljob_api.workercfg import (
     pool_resource,
     ray_system_config_env,
 )
-
-from .environment_pod import environment_container
-from .group_sizing import clamp_replicas, elastic_bounds
-from .names import JOB_TOKEN_FILE, component_labels, pool_labels, ray_cluster_name, token_secret_name
-from .options import ElasticGroups, RenderOptions
-from .pods import (
+from rljob_operator.names import JOB_TOKEN_FILE, component_labels, pool_labels, ray_cluster_name, token_secret_name
+from rljob_operator.options import ElasticGroups, RenderOptions
+from rljob_operator.render.environment_pod import environment_container
+from rljob_operator.render.group_sizing import clamp_replicas, elastic_bounds
+from rljob_operator.render.pods import (
     TMP_VOLUME,
     WRITABLE_ENV,
     code_env,
@@ -180,7 +179,7 @@ def worker_group(job: RLJob, shape: PoolShape, groups: ElasticGroups) -> dict[st
         "template": template,
     }
     if shape.pool in ELASTIC_POOLS:
-        # Scale-down removes exactly the replicas the controller drained (see group_sizing.py).
+        # Scale-down removes exactly the replicas the controller drained (see render/group_sizing.py).
         group["scaleStrategy"] = {"workersToDelete": list(groups.of(shape.pool).workers_to_delete)}
     return group
 

@@ -1,4 +1,4 @@
-"""kopf handlers, thin: validate into the model, then `ensure_children` / `refresh` (reconciler.py).
+"""kopf handlers, thin: validate into the model, then `ensure_children` / `refresh` (reconcile/reconciler.py).
 
 - create, update (spec or labels) and resume (operator start): validate, apply the children, refresh status;
 - every RLJob seen on the watch is remembered; a background poller refreshes each one every `interval`
@@ -17,17 +17,17 @@ from typing import Any
 import kopf
 from kubernetes.client.exceptions import ApiException
 
-from rljob_api import GROUP, PLURAL, VERSION, RLJob, RLJobInvalid
-
-from .children import Children
-from .config import OperatorConfig
-from .context import Context, invalid_message, key_of, parse_job
-from .control import ControlClients
-from .events import post
-from .kube import Kube, describe, load_api_client, urgent_workers
-from .metrics import OperatorMetrics
-from .ownership import NameTaken
-from .reconciler import ensure_children, refresh
+from rljob_api import GROUP, PLURAL, VERSION, RLJob, RLJobInvalid, derive_worker_configs
+from rljob_api.workercfg import WorkerConfigs
+from rljob_operator.config import OperatorConfig
+from rljob_operator.kube.children import Children
+from rljob_operator.kube.client import Kube, describe, load_api_client, urgent_workers
+from rljob_operator.kube.control import ControlClients
+from rljob_operator.kube.ownership import NameTaken
+from rljob_operator.reconcile.context import Context, invalid_message, key_of, parse_job
+from rljob_operator.reconcile.events import post
+from rljob_operator.reconcile.metrics import OperatorMetrics
+from rljob_operator.reconcile.reconciler import ensure_children, refresh
 
 log = logging.getLogger(__name__)
 RESOURCE = (GROUP, VERSION, PLURAL)
@@ -77,7 +77,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.event(*RESOURCE)
 async def remember(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **kwargs: Any) -> None:
     """Keep the newest body of every RLJob for the poller; forget deleted ones. The first one also hands the
-    poller kopf's indexes of the jobs' children (children.py), which kopf gives to handlers only."""
+    poller kopf's indexes of the jobs' children (kube/children.py), which kopf gives to handlers only."""
     ctx: Context = memo["rljob"]
     if ctx.children is None:
         ctx.children = Children.of_handler(kwargs)
@@ -108,28 +108,29 @@ async def reconcile(body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: 
             }
             await ctx.kube.patch_status(meta.namespace or "default", meta.name or "", status)
             raise kopf.PermanentError(f"invalid spec: {message}") from None
+        configs = derive_worker_configs(job)  # once per reconcile: the children and the status read them
         try:
-            await ensure_children(ctx, job, body)
+            await ensure_children(ctx, job, configs, body)
             ctx.taken.pop(key_of(job), None)
         except NameTaken as exc:  # nothing of the job is written until the name is free: retried
-            await name_taken(ctx, job, body, str(exc))
+            await name_taken(ctx, job, configs, body, str(exc))
             raise kopf.TemporaryError(f"a child's name is taken: {exc}", delay=NAME_TAKEN_RETRY_SECONDS) from None
         except ApiException as exc:
             await post(ctx, body, "Warning", "ApplyFailed", describe(exc))
             if exc.status in (400, 422):  # the API refuses the child as rendered: retrying will not help
                 raise kopf.PermanentError(f"a child was refused: {describe(exc)}") from exc
             raise kopf.TemporaryError(f"applying children: {describe(exc)}", delay=10) from exc
-        refreshed = await refresh(ctx, job, body)
+        refreshed = await refresh(ctx, job, configs, body)
         logger.info(f"children applied; phase {refreshed.phase}" if refreshed else "the RLJob was deleted meanwhile")
 
 
-async def name_taken(ctx: Context, job: RLJob, body: kopf.Body, message: str) -> None:
+async def name_taken(ctx: Context, job: RLJob, configs: WorkerConfigs, body: kopf.Body, message: str) -> None:
     """A child's name is someone else's: Degraded with reason NameTaken, one Warning Event per new message."""
     key = key_of(job)
     if ctx.taken.get(key) != message:
         await post(ctx, body, "Warning", "NameTaken", message)
     ctx.taken[key] = message
-    await refresh(ctx, job, body)
+    await refresh(ctx, job, configs, body)
 
 
 async def poll_job(ctx: Context, key: tuple[str, str], body: dict[str, Any], full: bool) -> None:
@@ -143,7 +144,7 @@ async def poll_job(ctx: Context, key: tuple[str, str], body: dict[str, Any], ful
         return  # the reconcile handler reported it
     try:
         with ctx.metrics.reconcile("poll" if full else "refresh"):
-            await refresh(ctx, job, body, poll_controller=full)
+            await refresh(ctx, job, derive_worker_configs(job), body, poll_controller=full)
     except ApiException as exc:
         log.warning("refreshing %s/%s: %s", *key, describe(exc))
     except Exception:
@@ -154,7 +155,7 @@ async def poll_job(ctx: Context, key: tuple[str, str], body: dict[str, Any], ful
 
 async def poll_forever(ctx: Context) -> None:
     """Refresh every known RLJob each interval (polling its controller), and a job whose children changed
-    as soon as kopf's watches say so (children.py); `concurrency` at a time."""
+    as soon as kopf's watches say so (kube/children.py); `concurrency` at a time."""
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(ctx.config.concurrency)
 

@@ -1,7 +1,7 @@
 """What an RLJob's pools should be beyond its spec: the operator's own two decisions. Pure.
 
 The spec says what to run. The operator decides the elastic groups' sizes (the controller's elastic
-decisions for the reward and environment pools, within the spec's bounds: group_sizing.py) and whether
+decisions for the reward and environment pools, within the spec's bounds: render/group_sizing.py) and whether
 the run has ended (its driver Job is Complete or Failed: the pools are released, the driver Job kept).
 `Desired` holds both decisions; it is the one source the RayCluster is rendered from
 (`writer.write_children`, its only writer), so a scale decision and a release are changes of
@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import RLJob
 from rljob_api.workercfg import ELASTIC_POOLS, cluster_pools
-
-from .group_sizing import decide_group, elastic_bounds
-from .observe import Observed
-from .options import ElasticGroups
+from rljob_operator.options import ElasticGroups
+from rljob_operator.render.group_sizing import decide_group, elastic_bounds
+from rljob_operator.status.observe import Observed
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,7 @@ from collections.abc import Collection, Sequence
 
 from rljob_api import ReplicaRange, RLJob
 from rljob_api.workercfg import Pool
-
-from .options import ElasticGroup
+from rljob_operator.options import ElasticGroup
 
 
 def elastic_bounds(job: RLJob, pool: Pool) -> ReplicaRange:

@@ -16,7 +16,7 @@ from typing import Any
 
 import kopf
 
-from .names import LABEL_JOB
+from rljob_operator.names import LABEL_JOB
 
 Key = tuple[str, str]  # (namespace, job name)
 OF_A_JOB = {LABEL_JOB: kopf.PRESENT}
@@ -69,7 +69,7 @@ def _poke(memo: kopf.Memo, namespace: str | None, job: str) -> None:
 
 # The index functions are coroutines: kopf runs a plain function in a thread pool, a hop per event that
 # costs more CPU than everything else the operator does with a child's event. Each one also asks for
-# the owning job's refresh (a burst of changes becomes one refresh: handlers.py), so an event costs one
+# the owning job's refresh (a burst of changes becomes one refresh: process/handlers.py), so an event costs one
 # handler call; only a deletion, which kopf indexes without calling them, needs a handler of its own.
 @kopf.index("ray.io", "v1", "rayclusters", labels=OF_A_JOB, id=INDEXES[0])
 @kopf.index("batch", "v1", "jobs", labels=OF_A_JOB, id=INDEXES[1])

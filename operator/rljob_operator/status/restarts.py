@@ -12,8 +12,7 @@ from collections.abc import Sequence
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api import Restarts
-
-from .observe import DriverInfo
+from rljob_operator.status.observe import DriverInfo
 
 REASONS = {
     "rollout": "ReplicaReplaced",

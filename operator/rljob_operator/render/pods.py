@@ -11,8 +11,7 @@ from typing import Any
 from rljob_api import LocalObjectReference, RLJob, SecurityContext, VolumeSource
 from rljob_api.code import CODE_CONFIG_MAP_DIR, CODE_VOLUME_DIR
 from rljob_api.placement import Placement, Quantity
-
-from .names import CONFIG_DIR, JOB_TOKEN_DIR, JOB_TOKEN_KEY, TOKEN_DIR, config_name, token_secret_name
+from rljob_operator.names import CONFIG_DIR, JOB_TOKEN_DIR, JOB_TOKEN_KEY, TOKEN_DIR, config_name, token_secret_name
 
 GPU = "nvidia.com/gpu"
 CONFIG_VOLUME = "rljob-config"

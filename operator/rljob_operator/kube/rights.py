@@ -10,7 +10,7 @@ the operator's behalf: a server-side apply that creates an object needs create a
 an ownerReference with blockOwnerDeletion needs update on the owner's finalizers.
 
 Every child is read (get) before the first is written: one whose name someone else holds is left alone
-(ownership.py). The driver holds no rights at all (no Role), so the operator needs none to grant; it only
+(kube/ownership.py). The driver holds no rights at all (no Role), so the operator needs none to grant; it only
 deletes, if they are the job's, the Role and RoleBinding an older operator made for the driver.
 """
 

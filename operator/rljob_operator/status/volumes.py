@@ -1,5 +1,6 @@
 """Whether the job's PersistentVolumeClaims can be mounted where its pods run: the access modes each claim
-needs (pure), checked against the claims as the API server has them.
+needs, checked against the claims as the API server has them (read by kube/claims.py), and the VolumesReady
+condition. Pure.
 
 Every pool pod and the driver mount every claim of the job (pods.volumes). Kubernetes attaches a
 ReadWriteOnce claim to one node (its pods there share it), a ReadWriteOncePod claim to one pod. So once
@@ -11,15 +12,13 @@ ContainerCreating with a Multi-Attach error on some node; the VolumesReady condi
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from rljob_api import RLJob
-
-from .pods import claims
+from rljob_operator.render.pods import claims
 
 ONE_NODE = ("ReadWriteOnce", "ReadOnlyMany", "ReadWriteMany")  # modes that serve several pods on one node
 SERVES: dict[str, tuple[str, ...]] = {
@@ -91,19 +90,6 @@ def claim_problem(need: ClaimNeed, claim: Mapping[str, Any] | None, namespace: s
         f"{name} has access modes {modes} but needs {need.mode}: every pool pod and the driver mount it, and "
         f"{need.why}, so they may run on more than one node",
     )
-
-
-class ClaimReader(Protocol):
-    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
-
-
-async def check_claims(kube: ClaimReader, job: RLJob) -> tuple[ClaimProblem, ...]:
-    """The problems of the job's claims, read from the API server (one GET each)."""
-    ns = job.metadata.namespace
-    needs = claim_needs(job)
-    found = await asyncio.gather(*(kube.get("PersistentVolumeClaim", ns, n.claim) for n in needs))
-    problems = (claim_problem(need, claim, ns) for need, claim in zip(needs, found, strict=True))
-    return tuple(p for p in problems if p)
 
 
 def volumes_condition(job: RLJob, problems: Sequence[ClaimProblem] | None) -> tuple[str, str, str]:

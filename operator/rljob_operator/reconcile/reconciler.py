@@ -3,8 +3,9 @@
 `ensure_children` (the handlers) has `writer.write_children` write every child; `refresh` reads the
 children and the controller, updates the `Desired` state (a scale decision, a release) and has
 `write_children` write the pools where their rendering changed, then writes status when it changed
-and posts an Event on every phase change and every new Degraded reason (events.py). Both are
-serialised per job, and each derives the job's worker configs once.
+and posts an Event on every phase change and every new Degraded reason (reconcile/events.py). Both are
+serialised per job. Neither derives the job's worker configs: the handler derives them once per
+reconcile (a create is `ensure_children` then `refresh`) and hands them to both.
 """
 
 from __future__ import annotations
@@ -19,26 +20,25 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from rljob.v1 import control_service_pb2 as control_pb
-from rljob_api import RLJob, RLJobStatus, derive_worker_configs
+from rljob_api import RLJob, RLJobStatus
 from rljob_api.workercfg import WorkerConfigs
-
-from .claims import check_claims
-from .context import Context, key_of, owner_of, stored_status
-from .desired import next_desired, read_back
-from .events import announce, post
-from .kube import describe
-from .names import driver_name, ray_cluster_name
-from .observe import Observed, final_snapshot, observe
-from .status import compute_status
-from .writer import job_token, write_children
+from rljob_operator.kube.claims import check_claims
+from rljob_operator.kube.client import describe
+from rljob_operator.names import driver_name, ray_cluster_name
+from rljob_operator.reconcile.context import Context, key_of, owner_of, stored_status
+from rljob_operator.reconcile.events import announce, post
+from rljob_operator.reconcile.writer import job_token, write_children
+from rljob_operator.status.compute import compute_status
+from rljob_operator.status.desired import next_desired, read_back
+from rljob_operator.status.observe import Observed, final_snapshot, observe
 
 log = logging.getLogger(__name__)
 POOL_LABEL_SELECTOR = "rljob.io/job"
 
 
-async def ensure_children(ctx: Context, job: RLJob, body: Mapping[str, Any]) -> None:
+async def ensure_children(ctx: Context, job: RLJob, configs: WorkerConfigs, body: Mapping[str, Any]) -> None:
     """Apply every child the job should have and delete those it must not have (the create, update and
-    resume handlers). Idempotent; serialised with the job's refreshes."""
+    resume handlers), rendered with the job's worker `configs`. Idempotent; serialised with the job's refreshes."""
     ns = job.metadata.namespace
     async with ctx.lock(key_of(job)):
         cache = ctx.children
@@ -52,12 +52,12 @@ async def ensure_children(ctx: Context, job: RLJob, body: Mapping[str, Any]) -> 
         seen = observe(ray_cluster, (), driver_job)
         current = ctx.desired.get(key_of(job)) or read_back(seen)
         ctx.desired[key_of(job)] = desired = next_desired(job, current, seen)
-        await write_children(ctx, job, derive_worker_configs(job), body, desired)
+        await write_children(ctx, job, configs, body, desired)
         await check_claims_of(ctx, job, body)
 
 
 async def check_claims_of(ctx: Context, job: RLJob, body: Mapping[str, Any]) -> None:
-    """Read the job's claims (claims.py) and post a Warning Event for each problem not seen before."""
+    """Read the job's claims (kube/claims.py) and post a Warning Event for each problem not seen before."""
     key = key_of(job)
     try:
         found = await check_claims(ctx.kube, job)
@@ -107,10 +107,10 @@ async def poll_controller_of(
 
 
 async def refresh(
-    ctx: Context, job: RLJob, body: Mapping[str, Any], *, poll_controller: bool = True
+    ctx: Context, job: RLJob, configs: WorkerConfigs, body: Mapping[str, Any], *, poll_controller: bool = True
 ) -> RLJobStatus | None:
     """Observe, decide (scale, release) and write the pools that changed, then status (only when it
-    changed). Serialised per job.
+    changed); `configs` are the job's worker configs (the controller's address). Serialised per job.
 
     `poll_controller` False (a child changed) reuses the controller's last snapshot and does not scale.
     None: the RLJob was deleted meanwhile; nothing is remembered or announced for it.
@@ -120,7 +120,6 @@ async def refresh(
         observed = await observe_children(ctx, job)
         if ctx.claims.get(key):  # until a claim is fixed (or made)
             await check_claims_of(ctx, job, body)
-        configs = derive_worker_configs(job)  # once per reconcile
         snapshot, fresh = await poll_controller_of(ctx, job, body, configs, observed, poll_controller)
         current = ctx.desired.get(key) or read_back(observed)
         desired = ctx.desired[key] = next_desired(job, current, observed, snapshot if fresh else None)

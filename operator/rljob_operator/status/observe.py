@@ -10,9 +10,8 @@ from google.protobuf import json_format
 
 from rljob.v1 import control_service_pb2 as control_pb
 from rljob_api.workercfg import POOLS, Pool
-
-from .names import LABEL_COMPONENT, LABEL_POOL
-from .options import ElasticGroup, ElasticGroups
+from rljob_operator.names import LABEL_COMPONENT, LABEL_POOL
+from rljob_operator.options import ElasticGroup, ElasticGroups
 
 
 @dataclass(frozen=True)

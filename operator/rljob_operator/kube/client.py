@@ -20,8 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.utils.retry import DEFAULT_RETRY_AFTER_BACKOFF, is_retry_after_response, on_retry_after_error
 
 from rljob_api import GROUP, PLURAL, VERSION
-
-from .names import FIELD_MANAGER
+from rljob_operator.names import FIELD_MANAGER
 
 # kind -> (API group path, plural) for every kind the operator touches.
 KINDS: dict[str, tuple[str, str]] = {

@@ -11,9 +11,8 @@ from typing import Any
 
 from rljob_api import RLJob
 from rljob_api.workercfg import TOKEN_FILE_ENV
-
-from .names import JOB_TOKEN_FILE
-from .pods import base_mounts, container
+from rljob_operator.names import JOB_TOKEN_FILE
+from rljob_operator.render.pods import base_mounts, container
 
 # What the environment container is told of its own port (it may also take it as an argument of `command`).
 PORT_ENV = "RLJOB_ENVIRONMENT_PORT"

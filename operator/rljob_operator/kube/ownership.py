@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .kube import Kube
+from rljob_operator.kube.client import Kube
 
 
 class NameTaken(RuntimeError):
